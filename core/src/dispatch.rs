@@ -1,0 +1,444 @@
+//! `dispatchAction`: a maintainer drives a chat. Validation, the host's follow-up actions, one
+//! commit, then the echo to every subscriber. Rejections go back to the sender only.
+//!
+//! Every change follows one path: validate → reduce a working copy with the official reducers →
+//! `store.commit` → only on success swap the copy in, assign `serverSeq`s and send.
+
+use ahp::reducers::{apply_action_to_chat, apply_action_to_session, ReduceOutcome};
+use ahp_types::actions::{
+    ActionEnvelope, ActionOrigin, ChatPendingMessageRemovedAction, ChatTurnCancelledAction,
+    ChatTurnStartedAction, PartialChatSummary, SessionChatUpdatedAction, StateAction,
+};
+use ahp_types::notifications::{PartialSessionSummary, SessionSummaryChangedParams};
+use ahp_types::state::{MessageKind, PendingMessageKind};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::channel::{chat_uri, session_uri, ChannelRef, ROOT};
+use crate::connection::ConnId;
+use crate::error::{RpcError, STALE, TURN_IN_PROGRESS};
+use crate::host::{parse_params, Host};
+use crate::principal::Role;
+use crate::sequencer::Sequenced;
+use crate::session::{SessionEntry, Touched, Which};
+use crate::store::{Change, ClientRecord, Event, Receipt, Store};
+use crate::time::iso8601;
+use crate::wire;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DispatchParams<'a> {
+    channel: String,
+    client_seq: u64,
+    #[serde(borrow)]
+    action: &'a RawValue,
+}
+
+/// A change being built on a working copy of one session.
+pub(crate) struct Tx {
+    pub(crate) entry: SessionEntry,
+    pub(crate) touched: Touched,
+    /// `(channel, envelope JSON)` in seq order; seqs follow `base_seq`.
+    pub(crate) events: Vec<(String, String)>,
+    base_seq: u64,
+}
+
+impl Tx {
+    pub(crate) fn new(entry: SessionEntry, base_seq: u64) -> Tx {
+        Tx { entry, touched: Touched::default(), events: Vec::new(), base_seq }
+    }
+
+    /// Reduces `action` into the working copy and records its envelope.
+    pub(crate) fn emit(
+        &mut self,
+        which: Which,
+        action: StateAction,
+        origin: Option<ActionOrigin>,
+    ) -> Result<(), RpcError> {
+        let outcome = match which {
+            Which::Chat => apply_action_to_chat(&mut self.entry.chat, &action),
+            Which::Session => apply_action_to_session(&mut self.entry.session, &action),
+            Which::Changeset => ahp::reducers::apply_action_to_changeset(&mut self.entry.changeset, &action),
+        };
+        match outcome {
+            ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
+            ReduceOutcome::Invalid(e) => return Err(RpcError::invalid_params(format!("Invalid AHP action: {e}"))),
+            ReduceOutcome::OutOfScope => {
+                return Err(RpcError::invalid_params("Invalid AHP action: wrong channel for this action"))
+            }
+        }
+        let channel = match which {
+            Which::Chat => {
+                self.touched.chat = true;
+                chat_uri(&self.entry.id)
+            }
+            Which::Session => {
+                self.touched.session = true;
+                session_uri(&self.entry.id)
+            }
+            Which::Changeset => {
+                self.touched.changeset = true;
+                crate::channel::changeset_uri(&self.entry.id)
+            }
+        };
+        let envelope = ActionEnvelope {
+            channel: channel.clone(),
+            action,
+            server_seq: self.base_seq + self.events.len() as u64 + 1,
+            origin,
+            rejection_reason: None,
+        };
+        let text = serde_json::to_string(&envelope)
+            .map_err(|_| RpcError::invalid_params("Invalid AHP action: not serializable"))?;
+        self.events.push((channel, text));
+        Ok(())
+    }
+
+    /// Mirrors the chat's status and `modifiedAt` into the session's chat catalog.
+    fn sync_chat(&mut self) -> Result<(), RpcError> {
+        let chat = &self.entry.chat;
+        let update = SessionChatUpdatedAction {
+            chat: chat.resource.clone(),
+            changes: PartialChatSummary {
+                status: Some(chat.status),
+                modified_at: Some(chat.modified_at.clone()),
+                ..PartialChatSummary::default()
+            },
+        };
+        self.emit(Which::Session, StateAction::SessionChatUpdated(update), None)
+    }
+}
+
+/// Canonical JSON (object keys sorted at every depth), for fingerprints.
+pub(crate) fn canonical(v: &Value) -> String {
+    fn write(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::from(k.as_str()).to_string());
+                    out.push(':');
+                    write(&m[k.as_str()], out);
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(x, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(v, &mut out);
+    out
+}
+
+/// SHA-256 hex of the canonical form of `{method, params}`.
+pub(crate) fn fingerprint(method: &str, params: &Value) -> String {
+    let digest = Sha256::digest(canonical(&json!({ "method": method, "params": params })).as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn elapsed_ms(started_at: &str, now_ms: u64) -> i64 {
+    let started = started_at.parse::<jiff::Timestamp>().map(|t| t.as_millisecond()).unwrap_or(now_ms as i64);
+    (now_ms as i64 - started).max(0)
+}
+
+impl<S: Store> Host<S> {
+    pub(crate) fn dispatch_action(&mut self, conn: ConnId, params: Option<&RawValue>) {
+        let Ok(p) = parse_params::<DispatchParams<'_>>(params) else {
+            self.stats.notifications_dropped += 1;
+            return;
+        };
+        let Some(client_id) = self.client_id(conn) else { return };
+        let Ok(principal) = self.principal(conn) else { return };
+        let target = ChannelRef::parse(&p.channel);
+        let readable = match target {
+            ChannelRef::Root => true,
+            ChannelRef::Unknown => false,
+            r => principal.can_read_session(r.session_id().unwrap_or_default()),
+        };
+        let exists = match target {
+            ChannelRef::Root => true,
+            ChannelRef::Unknown => false,
+            r => self.sessions.contains_key(r.session_id().unwrap_or_default()),
+        };
+        if readable && !exists {
+            // AHP: actions for channels that do not exist are dropped without an echo.
+            self.stats.notifications_dropped += 1;
+            return;
+        }
+        let origin = ActionOrigin { client_id: client_id.clone(), client_seq: p.client_seq as i64 };
+        let result = if !readable {
+            Err(RpcError::forbidden("You don't have access to this channel"))
+        } else {
+            self.dispatch_checked(&principal.id, principal.role, &p, origin)
+        };
+        if let Err(e) = result {
+            self.reject(conn, &p, &client_id, &e);
+        }
+    }
+
+    fn dispatch_checked(
+        &mut self,
+        owner: &str,
+        role: Role,
+        p: &DispatchParams<'_>,
+        origin: ActionOrigin,
+    ) -> Result<(), RpcError> {
+        let params_value = json!({
+            "channel": p.channel,
+            "clientSeq": p.client_seq,
+            "action": serde_json::from_str::<Value>(p.action.get()).unwrap_or(Value::Null),
+        });
+        let key = format!("dispatch:{}:{}", origin.client_id, p.client_seq);
+        let fingerprint = fingerprint("dispatchAction", &params_value);
+        match self.store.receipt(owner, &key) {
+            Err(_) => return Err(RpcError::commit_failed()),
+            Ok(Some(r)) if r.fingerprint == fingerprint => return Ok(()), // a retry: already applied
+            Ok(Some(_)) => return Err(RpcError::conflict("Operation ID reused with different input")),
+            Ok(None) => {}
+        }
+        if role != Role::Maintainer {
+            return Err(RpcError::forbidden("Only maintainers can do this"));
+        }
+        let id = match ChannelRef::parse(&p.channel) {
+            ChannelRef::Chat(id) if self.sessions.get(id).is_some_and(|e| !e.meta.closed) => id.to_owned(),
+            _ => return Err(RpcError::invalid_params("This action must target an open session's chat")),
+        };
+        let action: StateAction = serde_json::from_str(p.action.get())
+            .map_err(|e| RpcError::invalid_params(format!("Invalid AHP action: {e}")))?;
+        let Some(entry) = self.sessions.get(&id).cloned() else {
+            return Err(RpcError::invalid_params("This action must target an open session's chat"));
+        };
+        let mut tx = Tx::new(entry, self.seq.current());
+        let now_ms = self.now.wall_unix_ms;
+        self.chat_action(&mut tx, action, origin.clone(), now_ms)?;
+        tx.sync_chat()?;
+        let last = self.clients.get(&origin.client_id).map_or(0, |c| c.last_client_seq);
+        let client = ClientRecord {
+            client_id: origin.client_id.clone(),
+            owner: owner.to_owned(),
+            last_client_seq: last.max(p.client_seq),
+        };
+        let receipt = Receipt { owner: owner.to_owned(), key, fingerprint, result: "null".into() };
+        self.commit_tx(tx, Some(receipt), vec![client])
+    }
+
+    /// Validates one maintainer chat action and emits it with the host's follow-ups.
+    fn chat_action(
+        &mut self,
+        tx: &mut Tx,
+        action: StateAction,
+        origin: ActionOrigin,
+        now_ms: u64,
+    ) -> Result<(), RpcError> {
+        let chat = &tx.entry.chat;
+        match action {
+            StateAction::ChatTurnStarted(mut a) => {
+                if chat.active_turn.is_some() {
+                    return Err(RpcError::new(TURN_IN_PROGRESS, "A turn is already running. Use steer or queue instead."));
+                }
+                if chat.turns.iter().any(|t| t.id == a.turn_id) {
+                    return Err(RpcError::conflict("Turn ID already exists"));
+                }
+                if a.message.origin.kind != MessageKind::User {
+                    return Err(RpcError::forbidden("Only user messages are accepted"));
+                }
+                // The host's clock decides when a turn started.
+                a.started_at = iso8601(now_ms);
+                tx.emit(Which::Chat, StateAction::ChatTurnStarted(a), Some(origin))
+            }
+            StateAction::ChatPendingMessageSet(a) => {
+                if a.message.origin.kind != MessageKind::User {
+                    return Err(RpcError::forbidden("Only user messages are accepted"));
+                }
+                let queued = chat.queued_messages.as_ref().map_or(0, Vec::len);
+                let replaces = chat.queued_messages.as_ref().is_some_and(|q| q.iter().any(|m| m.id == a.id));
+                if a.kind == PendingMessageKind::Queued
+                    && !replaces
+                    && queued >= self.config.limits.pending_messages_max as usize
+                {
+                    return Err(RpcError::limit("Pending message limit reached"));
+                }
+                let steering = a.kind == PendingMessageKind::Steering;
+                tx.emit(Which::Chat, StateAction::ChatPendingMessageSet(a), Some(origin))?;
+                if steering {
+                    // Steering interrupts the running turn; it starts the next one.
+                    if let Some(active) = tx.entry.chat.active_turn.clone() {
+                        let cancel = ChatTurnCancelledAction {
+                            turn_id: active.id,
+                            duration: elapsed_ms(&active.started_at, now_ms),
+                            meta: None,
+                        };
+                        tx.emit(Which::Chat, StateAction::ChatTurnCancelled(cancel), None)?;
+                    }
+                }
+                self.next_turn(tx, now_ms)
+            }
+            StateAction::ChatPendingMessageRemoved(a) => {
+                let exists = match a.kind {
+                    PendingMessageKind::Steering => chat.steering_message.as_ref().is_some_and(|m| m.id == a.id),
+                    PendingMessageKind::Queued => {
+                        chat.queued_messages.as_ref().is_some_and(|q| q.iter().any(|m| m.id == a.id))
+                    }
+                };
+                if !exists {
+                    return Err(RpcError::conflict("Pending message not found"));
+                }
+                tx.emit(Which::Chat, StateAction::ChatPendingMessageRemoved(a), Some(origin))
+            }
+            StateAction::ChatTurnCancelled(a) => {
+                if chat.active_turn.as_ref().is_none_or(|t| t.id != a.turn_id) {
+                    return Err(RpcError::conflict("Turn is not active"));
+                }
+                tx.emit(Which::Chat, StateAction::ChatTurnCancelled(a), Some(origin))
+            }
+            StateAction::ChatToolCallConfirmed(_) => {
+                // Tool calls come from executors (AXP), and none holds a lease on this chat.
+                Err(RpcError::new(STALE, "Executor is no longer available"))
+            }
+            StateAction::Unknown(_) => Err(RpcError::invalid_params("Invalid AHP action: unknown action type")),
+            _ => Err(RpcError::forbidden("This AHP interaction is not supported by this host")),
+        }
+    }
+
+    /// Starts the next pending message as a turn when the chat is idle.
+    fn next_turn(&mut self, tx: &mut Tx, now_ms: u64) -> Result<(), RpcError> {
+        let chat = &tx.entry.chat;
+        if chat.active_turn.is_some() {
+            return Ok(());
+        }
+        let next = match (&chat.steering_message, chat.queued_messages.as_ref().and_then(|q| q.first())) {
+            (Some(m), _) => (PendingMessageKind::Steering, m.clone()),
+            (None, Some(m)) => (PendingMessageKind::Queued, m.clone()),
+            (None, None) => return Ok(()),
+        };
+        let (kind, pending) = next;
+        let removed = ChatPendingMessageRemovedAction { kind, id: pending.id.clone() };
+        tx.emit(Which::Chat, StateAction::ChatPendingMessageRemoved(removed), None)?;
+        let started = ChatTurnStartedAction {
+            turn_id: self.uuid(),
+            started_at: iso8601(now_ms),
+            message: pending.message,
+            queued_message_id: (kind == PendingMessageKind::Queued).then_some(pending.id),
+            meta: None,
+        };
+        tx.emit(Which::Chat, StateAction::ChatTurnStarted(started), None)
+    }
+
+    /// Commits a transaction; on success applies it, sequences and sends its events, and tells
+    /// root subscribers about the session's new summary.
+    pub(crate) fn commit_tx(
+        &mut self,
+        tx: Tx,
+        receipt: Option<Receipt>,
+        clients: Vec<ClientRecord>,
+    ) -> Result<(), RpcError> {
+        let base = self.seq.current();
+        assert_eq!(tx.base_seq, base, "transaction built on a stale serverSeq");
+        let events: Vec<Event> = tx
+            .events
+            .iter()
+            .enumerate()
+            .map(|(i, (channel, envelope))| Event {
+                seq: base + i as u64 + 1,
+                channel: channel.clone(),
+                envelope: envelope.clone(),
+            })
+            .collect();
+        let change = Change {
+            server_seq: base + events.len() as u64,
+            records: tx.entry.records(tx.touched),
+            events,
+            receipt,
+            clients: clients.clone(),
+        };
+        self.commit(&change)?;
+        for c in clients {
+            self.clients.insert(c.client_id.clone(), c);
+        }
+        let id = tx.entry.id.clone();
+        let summary_before = self.sessions.get(&id).map(|e| (e.session.title.clone(), e.summary_status(), e.modified_at().to_owned()));
+        self.sessions.insert(id.clone(), tx.entry);
+        for event in change.events {
+            let frame = wire::notification_frame("action", &event.envelope);
+            let channel = event.channel;
+            self.seq.commit(Sequenced { seq: event.seq, channel: channel.as_str().into(), envelope: event.envelope.into() });
+            self.broadcast(&channel, &frame);
+        }
+        if tx.touched.session {
+            self.summary_changed(&id, summary_before);
+        }
+        Ok(())
+    }
+
+    /// `root/sessionSummaryChanged` with the fields that changed, to root subscribers in scope.
+    fn summary_changed(&mut self, id: &str, before: Option<(String, u32, String)>) {
+        let Some(entry) = self.sessions.get(id) else { return };
+        let (title, status, modified) = (entry.session.title.clone(), entry.summary_status(), entry.modified_at().to_owned());
+        let mut changes = PartialSessionSummary::default();
+        let (t0, s0, m0) = before.unwrap_or_default();
+        if title != t0 {
+            changes.title = Some(title);
+        }
+        if status != s0 {
+            changes.status = Some(status);
+        }
+        if modified != m0 {
+            changes.modified_at = Some(modified);
+        }
+        if changes == PartialSessionSummary::default() {
+            return;
+        }
+        let params = SessionSummaryChangedParams { channel: ROOT.into(), session: session_uri(id), changes };
+        let Ok(params) = serde_json::to_string(&params) else { return };
+        let frame = wire::notification_frame("root/sessionSummaryChanged", &params);
+        self.notify_root(id, &frame);
+    }
+
+    /// Echoes a refused action to its sender only, at the current `serverSeq`, changing nothing.
+    fn reject(&mut self, conn: ConnId, p: &DispatchParams<'_>, client_id: &str, e: &RpcError) {
+        let params = json!({
+            "channel": p.channel,
+            "action": serde_json::from_str::<Value>(p.action.get()).unwrap_or(Value::Null),
+            "serverSeq": self.seq.current(),
+            "origin": { "clientId": client_id, "clientSeq": p.client_seq },
+            "rejectionReason": e.message,
+        });
+        let frame = wire::notification_frame("action", &params.to_string());
+        self.reply(conn, frame);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_depth() {
+        let v = json!({"b": 1, "a": {"d": [1, {"f": 2, "e": 3}], "c": "x"}});
+        assert_eq!(canonical(&v), r#"{"a":{"c":"x","d":[1,{"e":3,"f":2}]},"b":1}"#);
+        assert_eq!(fingerprint("m", &json!({"x":1, "y":2})), fingerprint("m", &json!({"y":2, "x":1})));
+    }
+
+    #[test]
+    fn elapsed_never_negative() {
+        assert_eq!(elapsed_ms("1970-01-01T00:00:01.000Z", 3_000), 2_000);
+        assert_eq!(elapsed_ms("1970-01-01T00:00:05.000Z", 3_000), 0);
+    }
+}

@@ -1,0 +1,245 @@
+//! `initialize` and `reconnect`: version negotiation, clientId binding, initial subscriptions
+//! and replay.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use crate::channel;
+use crate::connection::{ConnId, Phase};
+use crate::error::{RpcError, UNSUPPORTED_PROTOCOL_VERSION};
+use crate::host::{parse_params, Host, AXP_METHODS, SUPPORTED_PROTOCOL_VERSIONS};
+use crate::principal::Principal;
+use crate::session::{AXP_CAPABILITY, AXP_VERSION};
+use crate::store::{Change, ClientRecord, Store};
+use crate::time::Timer;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct InitializeParams {
+    channel: String,
+    protocol_versions: Vec<String>,
+    client_id: String,
+    #[serde(default)]
+    initial_subscriptions: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReconnectParams {
+    channel: String,
+    client_id: String,
+    last_seen_server_seq: u64,
+    subscriptions: Vec<String>,
+}
+
+/// A strict `MAJOR.MINOR.PATCH` with no leading zeros, or `None`.
+fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
+    let mut parts = v.split('.');
+    let mut next = || -> Option<u64> {
+        let p = parts.next()?;
+        if p.is_empty() || (p.len() > 1 && p.starts_with('0')) || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        p.parse().ok()
+    };
+    let version = (next()?, next()?, next()?);
+    parts.next().is_none().then_some(version)
+}
+
+/// Picks the highest offered version within `>=0.9.0 <0.10.0`.
+pub(crate) fn negotiate(offered: &[String]) -> Result<Option<String>, RpcError> {
+    let mut best: Option<((u64, u64, u64), &String)> = None;
+    for v in offered {
+        let parsed = parse_version(v)
+            .ok_or_else(|| RpcError::invalid_params("protocolVersions holds a malformed version"))?;
+        if parsed.0 == 0 && parsed.1 == 9 && best.is_none_or(|(b, _)| parsed > b) {
+            best = Some((parsed, v));
+        }
+    }
+    Ok(best.map(|(_, v)| v.clone()))
+}
+
+impl<S: Store> Host<S> {
+    pub(crate) fn initialize(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<String, RpcError> {
+        let p: InitializeParams = parse_params(params)?;
+        if self.conns.get(conn).is_some_and(|c| matches!(c.phase, Phase::Ready { .. })) {
+            return Err(RpcError::conflict("Connection already initialized"));
+        }
+        if p.channel != channel::ROOT {
+            return Err(RpcError::invalid_params("initialize belongs on ahp-root://"));
+        }
+        let limits = &self.config.limits;
+        if p.protocol_versions.len() > limits.protocol_versions_max as usize {
+            return Err(RpcError::invalid_params("Too many protocolVersions"));
+        }
+        if p.initial_subscriptions.len() > limits.subscriptions_per_conn_max as usize {
+            return Err(RpcError::limit("Subscription limit reached"));
+        }
+        let Some(version) = negotiate(&p.protocol_versions)? else {
+            return Err(RpcError::new(UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version")
+                .with_data(json!({ "supportedVersions": SUPPORTED_PROTOCOL_VERSIONS })));
+        };
+        let principal = self.principal(conn)?;
+        for uri in &p.initial_subscriptions {
+            self.allowed(&principal, uri)?;
+        }
+        self.bind_client(&principal, &p.client_id)?;
+        self.become_ready(conn, &p.client_id);
+        let mut snapshots = Vec::with_capacity(p.initial_subscriptions.len());
+        for uri in &p.initial_subscriptions {
+            if let Some(s) = self.snapshot(uri) {
+                snapshots.push(s);
+                self.conns.subscribe(conn, uri);
+            }
+        }
+        let last_client_seq = self.clients.get(&p.client_id).map_or(0, |c| c.last_client_seq);
+        let result = json!({
+            "protocolVersion": version,
+            "serverSeq": self.seq.current(),
+            "serverInfo": { "name": self.config.server_name, "version": self.config.server_version },
+            "_meta": {
+                AXP_CAPABILITY: {
+                    "version": AXP_VERSION,
+                    "methods": AXP_METHODS,
+                    "role": principal.role.as_str(),
+                    "principal": principal.id,
+                    "lastClientSeq": last_client_seq,
+                }
+            },
+            "snapshots": snapshots,
+        });
+        Ok(result.to_string())
+    }
+
+    pub(crate) fn reconnect(&mut self, conn: ConnId, first: bool, params: Option<&RawValue>) -> Result<String, RpcError> {
+        let ready = self.conns.get(conn).is_some_and(|c| matches!(c.phase, Phase::Ready { .. }));
+        if !first || ready {
+            return Err(RpcError::conflict("Reconnect requires a fresh connection"));
+        }
+        let p: ReconnectParams = parse_params(params)?;
+        if p.channel != channel::ROOT {
+            return Err(RpcError::invalid_params("reconnect belongs on ahp-root://"));
+        }
+        if p.subscriptions.len() > self.config.limits.subscriptions_per_conn_max as usize {
+            return Err(RpcError::limit("Subscription limit reached"));
+        }
+        if p.last_seen_server_seq > self.seq.current() {
+            return Err(RpcError::invalid_params("Replay cursor is in the future"));
+        }
+        let principal = self.principal(conn)?;
+        self.bind_client(&principal, &p.client_id)?;
+        let mut missing = Vec::new();
+        let mut resumed: Vec<String> = Vec::new();
+        for uri in p.subscriptions {
+            if self.allowed(&principal, &uri).is_ok() {
+                if !resumed.contains(&uri) {
+                    resumed.push(uri);
+                }
+            } else {
+                missing.push(Value::String(uri));
+            }
+        }
+        self.become_ready(conn, &p.client_id);
+        let budget = self.config.limits.replay_events_max;
+        let replay = self.seq.replay(p.last_seen_server_seq, budget, |c| resumed.iter().any(|r| r == c));
+        let missing = Value::Array(missing).to_string();
+        let result = match replay {
+            Some(envelopes) => {
+                let mut out = String::from("{\"type\":\"replay\",\"actions\":[");
+                for (i, e) in envelopes.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(e);
+                }
+                out.push_str("],\"missing\":");
+                out.push_str(&missing);
+                out.push('}');
+                out
+            }
+            None => {
+                let snapshots: Vec<Value> = resumed.iter().filter_map(|u| self.snapshot(u)).collect();
+                format!(
+                    "{{\"type\":\"snapshot\",\"snapshots\":{},\"missing\":{}}}",
+                    Value::Array(snapshots),
+                    missing
+                )
+            }
+        };
+        for uri in &resumed {
+            self.conns.subscribe(conn, uri);
+        }
+        Ok(result)
+    }
+
+    /// Binds `client_id` to `principal` on first use; another principal's id is refused.
+    fn bind_client(&mut self, principal: &Principal, client_id: &str) -> Result<(), RpcError> {
+        if !channel::valid_id(client_id) {
+            return Err(RpcError::invalid_params(
+                "clientId must match ^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$",
+            ));
+        }
+        match self.clients.get(client_id) {
+            Some(c) if c.owner == principal.id => Ok(()),
+            Some(_) => Err(RpcError::forbidden("Client identity belongs to another principal")),
+            None => {
+                let record = ClientRecord {
+                    client_id: client_id.to_owned(),
+                    owner: principal.id.clone(),
+                    last_client_seq: 0,
+                };
+                let change = Change {
+                    server_seq: self.seq.current(),
+                    clients: vec![record.clone()],
+                    ..Change::default()
+                };
+                self.commit(&change)?;
+                self.clients.insert(client_id.to_owned(), record);
+                Ok(())
+            }
+        }
+    }
+
+    fn become_ready(&mut self, conn: ConnId, client_id: &str) {
+        self.timers.disarm(Timer::Handshake(conn));
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.phase = Phase::Ready { client_id: client_id.to_owned() };
+        }
+    }
+
+    /// Commits a change or reports that nothing was applied.
+    pub(crate) fn commit(&mut self, change: &Change) -> Result<(), RpcError> {
+        match self.store.commit(change) {
+            Ok(()) => {
+                self.stats.commits += 1;
+                Ok(())
+            }
+            Err(e) => {
+                self.stats.commit_failures += 1;
+                tracing::warn!(error = %e, "commit failed; change not applied");
+                Err(RpcError::commit_failed())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn negotiation_picks_the_highest_supported_offer() {
+        assert_eq!(negotiate(&v(&["0.9.0"])), Ok(Some("0.9.0".into())));
+        assert_eq!(negotiate(&v(&["0.9.0", "0.9.3", "1.0.0"])), Ok(Some("0.9.3".into())));
+        assert_eq!(negotiate(&v(&["1.0.0", "0.8.0"])), Ok(None));
+        assert_eq!(negotiate(&v(&[])), Ok(None));
+        assert!(negotiate(&v(&["0.09.0"])).is_err());
+        assert!(negotiate(&v(&["0.9"])).is_err());
+        assert!(negotiate(&v(&["0.9.0-beta"])).is_err());
+    }
+}

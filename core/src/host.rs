@@ -1,0 +1,525 @@
+//! The host: one input at a time in, decisions out. Routes inputs to the protocol handlers and
+//! owns every table. See the crate docs for the run loop.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use crate::channel::{self, ChannelRef, ROOT};
+use crate::connection::{ConnId, Connections, Enqueued, Phase};
+use crate::error::{RpcError, LIMIT, METHOD_NOT_FOUND, PERMISSION_DENIED};
+use crate::limits::{Limits, LimitsError};
+use crate::output::{CloseCode, Frame, Outbox, Output};
+use crate::principal::Principal;
+use crate::sequencer::Sequencer;
+use crate::session::{self, SessionEntry, Which};
+use crate::store::{ClientRecord, Store, StoreError};
+use crate::time::{Instant, Now, Timer, Timers};
+use crate::wire::{self, Message};
+
+/// Static configuration of a host.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    /// Every bound the host enforces.
+    pub limits: Limits,
+    /// `serverInfo.name` in `initialize`.
+    pub server_name: String,
+    /// `serverInfo.version` in `initialize`.
+    pub server_version: String,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            limits: Limits::default(),
+            server_name: "axhost".into(),
+            server_version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+/// Why a host could not start.
+#[derive(Debug)]
+pub enum HostError {
+    /// The limits contradict each other.
+    Limits(LimitsError),
+    /// The store could not be read.
+    Store(StoreError),
+    /// The store holds a record the host cannot read; named by key, never by content.
+    CorruptRecord(String),
+}
+
+impl std::fmt::Display for HostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostError::Limits(e) => write!(f, "{e}"),
+            HostError::Store(e) => write!(f, "{e}"),
+            HostError::CorruptRecord(key) => write!(f, "store record {key:?} is unreadable"),
+        }
+    }
+}
+
+impl std::error::Error for HostError {}
+
+/// One thing that happened outside the core.
+#[derive(Debug)]
+pub enum Input<'a> {
+    /// A transport is up and authenticated. `conn` is fresh and never reused.
+    Connected {
+        /// The new connection.
+        conn: ConnId,
+        /// Who it is, from its transport credential.
+        principal: Arc<Principal>,
+    },
+    /// One complete WebSocket text message.
+    Message {
+        /// The connection it came from.
+        conn: ConnId,
+        /// Its bytes (UTF-8 JSON).
+        text: &'a [u8],
+    },
+    /// The driver wrote `bytes` of this connection's queued frames to its socket.
+    Flushed {
+        /// The connection.
+        conn: ConnId,
+        /// Bytes written.
+        bytes: u64,
+    },
+    /// The transport is gone. Inputs for `conn` after this are ignored.
+    Closed {
+        /// The connection.
+        conn: ConnId,
+    },
+}
+
+/// Counters for metrics and tests. They only ever grow.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Messages received.
+    pub messages_in: u64,
+    /// Frames handed to the driver.
+    pub frames_out: u64,
+    /// Error responses sent.
+    pub errors_out: u64,
+    /// Changes committed to the store.
+    pub commits: u64,
+    /// Commits the store refused (nothing was applied).
+    pub commit_failures: u64,
+    /// Connections closed for being over the outbound queue limit.
+    pub slow_consumer_closes: u64,
+    /// Notifications dropped because they were malformed, unknown or over a limit.
+    pub notifications_dropped: u64,
+}
+
+/// Supported AHP protocol range: `>=0.9.0 <0.10.0`.
+pub(crate) const SUPPORTED_PROTOCOL_VERSIONS: &[&str] = &["0.9.0"];
+
+/// The baseline methods this host serves, advertised nowhere but kept in one place.
+pub(crate) const AXP_METHODS: &[&str] = &[];
+
+/// The sans-IO host. Generic over its durable store.
+pub struct Host<S: Store> {
+    pub(crate) config: HostConfig,
+    pub(crate) store: S,
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) conns: Connections,
+    pub(crate) outbox: Outbox,
+    pub(crate) timers: Timers,
+    pub(crate) seq: Sequencer,
+    pub(crate) sessions: BTreeMap<String, SessionEntry>,
+    pub(crate) clients: BTreeMap<String, ClientRecord>,
+    pub(crate) root_state: Value,
+    /// Latest `now` seen; `wall_unix_ms` is a high-water mark so timestamps never go back.
+    pub(crate) now: Now,
+    pub(crate) stats: Stats,
+}
+
+impl<S: Store> Host<S> {
+    /// Builds a host over `store`, resuming whatever it holds. `seed` determines every id the
+    /// host generates: same config, store contents, seed and inputs give the same outputs.
+    pub fn new(config: HostConfig, mut store: S, seed: u64) -> Result<Host<S>, HostError> {
+        config.limits.validate().map_err(HostError::Limits)?;
+        let loaded = store.load(config.limits.replay_events_max).map_err(HostError::Store)?;
+        let records: BTreeMap<String, String> = loaded.records.into_iter().collect();
+        let mut sessions = BTreeMap::new();
+        for key in records.keys() {
+            if let Some(id) = SessionEntry::id_of_meta_key(key) {
+                let entry = SessionEntry::from_records(id, |k| records.get(k).cloned())
+                    .ok_or_else(|| HostError::CorruptRecord(key.clone()))?;
+                sessions.insert(id.to_owned(), entry);
+            }
+        }
+        let clients = loaded.clients.into_iter().map(|c| (c.client_id.clone(), c)).collect();
+        Ok(Host {
+            seq: Sequencer::new(loaded.server_seq, loaded.events_tail, config.limits.replay_events_max),
+            config,
+            store,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            conns: Connections::default(),
+            outbox: Outbox::default(),
+            timers: Timers::default(),
+            sessions,
+            clients,
+            root_state: session::root_state(),
+            now: Now::at(0),
+            stats: Stats::default(),
+        })
+    }
+
+    /// (B) Feeds one input seen at `now`. Never blocks; never panics on peer bytes.
+    pub fn handle(&mut self, now: Now, input: Input<'_>) {
+        self.advance(now);
+        match input {
+            Input::Connected { conn, principal } => self.on_connected(conn, principal),
+            Input::Message { conn, text } => {
+                if self.conns.contains(conn) && !self.conns.is_closing(conn) {
+                    self.stats.messages_in += 1;
+                    self.on_message(conn, text);
+                }
+            }
+            Input::Flushed { conn, bytes } => self.conns.flushed(conn, bytes),
+            Input::Closed { conn } => {
+                self.timers.disarm(Timer::Handshake(conn));
+                self.conns.remove(conn);
+            }
+        }
+    }
+
+    /// (B) Fires every timer due at or before `now.mono`. Early or repeated calls do nothing.
+    pub fn handle_timeout(&mut self, now: Now) {
+        self.advance(now);
+        while let Some(timer) = self.timers.pop_due(self.now.mono) {
+            match timer {
+                Timer::Handshake(conn) => {
+                    let waiting = self.conns.get(conn).is_some_and(|c| c.phase == Phase::Handshake);
+                    if waiting {
+                        self.conns.close(&mut self.outbox, conn, CloseCode::Policy, "Initialize required");
+                    }
+                }
+            }
+        }
+    }
+
+    /// (D) The next decision, in the order the host made them. Drain to `None` before sleeping.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        let out = self.outbox.pop();
+        if matches!(out, Some(Output::Send { .. })) {
+            self.stats.frames_out += 1;
+        }
+        out
+    }
+
+    /// (D) The earliest deadline. Read it after `poll_output` returned `None`.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next_deadline()
+    }
+
+    /// (A) Open connections, including ones the host is closing.
+    pub fn connection_count(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// (A) The last assigned `serverSeq`.
+    pub fn server_seq(&self) -> u64 {
+        self.seq.current()
+    }
+
+    /// (A) Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// (A) The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.config.limits
+    }
+
+    /// (A) The current state of a channel, as a snapshot would carry it.
+    pub fn channel_state(&self, uri: &str) -> Option<Value> {
+        match ChannelRef::parse(uri) {
+            ChannelRef::Root => Some(self.root_state.clone()),
+            ChannelRef::Session(id) => self.sessions.get(id).map(|e| e.state_json(Which::Session)),
+            ChannelRef::Chat(id) => self.sessions.get(id).map(|e| e.state_json(Which::Chat)),
+            ChannelRef::Changeset(id) => {
+                self.sessions.get(id).map(|e| e.state_json(Which::Changeset))
+            }
+            ChannelRef::Unknown => None,
+        }
+    }
+
+    /// (A) The channels `conn` is subscribed to.
+    pub fn subscriptions(&self, conn: ConnId) -> Vec<String> {
+        self.conns.get(conn).map(|c| c.subscriptions.iter().cloned().collect()).unwrap_or_default()
+    }
+
+    /// (A) Bytes queued for `conn` and not yet reported flushed.
+    pub fn queued_bytes(&self, conn: ConnId) -> Option<u64> {
+        self.conns.get(conn).map(|c| c.queued_bytes)
+    }
+
+    /// (A) The store, for inspection.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Stops the host and hands back its store (a restart builds a new host over it).
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
+    fn advance(&mut self, now: Now) {
+        debug_assert!(now.mono >= self.now.mono, "monotonic time went backwards");
+        self.now.mono = self.now.mono.max(now.mono);
+        self.now.wall_unix_ms = self.now.wall_unix_ms.max(now.wall_unix_ms);
+    }
+
+    fn on_connected(&mut self, conn: ConnId, principal: Arc<Principal>) {
+        let full = self.conns.len() >= self.config.limits.connections_max as usize;
+        self.conns.insert(conn, principal);
+        if full {
+            self.conns.close(&mut self.outbox, conn, CloseCode::TryAgainLater, "Too many connections");
+            return;
+        }
+        let deadline = self.now.mono.plus_ms(self.config.limits.handshake_timeout_ms);
+        self.timers.arm(Timer::Handshake(conn), deadline);
+    }
+
+    fn on_message(&mut self, conn: ConnId, text: &[u8]) {
+        let first = match self.conns.get_mut(conn) {
+            Some(c) => !std::mem::replace(&mut c.seen_message, true),
+            None => return,
+        };
+        let too_big = text.len() > self.config.limits.message_bytes_max as usize;
+        match wire::parse(text) {
+            Err(malformed) => self.reply_error(conn, "null", &malformed.to_error()),
+            Ok(Message::Request { id, method, params }) => {
+                if too_big {
+                    let e = RpcError::new(
+                        LIMIT,
+                        "Message too large. Upload it as a blob and send a reference instead.",
+                    );
+                    return self.reply_error(conn, id.get(), &e);
+                }
+                self.on_request(conn, first, id.get(), &method, params);
+            }
+            Ok(Message::Notification { method, params }) => {
+                if too_big {
+                    self.stats.notifications_dropped += 1;
+                    return;
+                }
+                self.on_notification(conn, &method, params);
+            }
+            // The host sends no requests yet, so no response can match one.
+            Ok(Message::Response { .. }) => {}
+        }
+    }
+
+    fn on_request(&mut self, conn: ConnId, first: bool, id: &str, method: &str, params: Option<&RawValue>) {
+        let ready = self.conns.get(conn).is_some_and(|c| matches!(c.phase, Phase::Ready { .. }));
+        let outcome = match method {
+            "ping" => Ok("null".to_owned()),
+            "initialize" => self.initialize(conn, params),
+            "reconnect" => self.reconnect(conn, first, params),
+            _ if !ready => {
+                Err(RpcError::new(PERMISSION_DENIED, "Initialize before using sessions"))
+            }
+            "subscribe" => self.subscribe(conn, params),
+            "unsubscribe" => self.unsubscribe(conn, params).map(|()| "null".to_owned()),
+            "createSession" => self.create_session(conn, params),
+            "listSessions" => self.list_sessions(conn, params),
+            "dispatchAction" => {
+                self.dispatch_action(conn, params);
+                Ok("null".to_owned())
+            }
+            "resourceRead" => self.resource_read(conn, params),
+            _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
+        };
+        match outcome {
+            Ok(result) => self.reply(conn, wire::result_frame(id, &result)),
+            Err(e) => {
+                self.reply_error(conn, id, &e);
+                if e.code == crate::error::UNSUPPORTED_PROTOCOL_VERSION {
+                    self.conns.close(&mut self.outbox, conn, CloseCode::Policy, "Unsupported protocol version");
+                }
+            }
+        }
+    }
+
+    fn on_notification(&mut self, conn: ConnId, method: &str, params: Option<&RawValue>) {
+        let ready = self.conns.get(conn).is_some_and(|c| matches!(c.phase, Phase::Ready { .. }));
+        if !ready {
+            self.stats.notifications_dropped += 1;
+            return;
+        }
+        match method {
+            "dispatchAction" => self.dispatch_action(conn, params),
+            "unsubscribe" => {
+                if self.unsubscribe(conn, params).is_err() {
+                    self.stats.notifications_dropped += 1;
+                }
+            }
+            _ => self.stats.notifications_dropped += 1,
+        }
+    }
+
+    /// Queues a frame for one connection through the byte-accounting door.
+    pub(crate) fn reply(&mut self, conn: ConnId, frame: Frame) {
+        if self.conns.enqueue(&mut self.outbox, conn, frame, &self.config.limits) == Enqueued::Closing {
+            self.stats.slow_consumer_closes += 1;
+        }
+    }
+
+    pub(crate) fn reply_error(&mut self, conn: ConnId, id: &str, error: &RpcError) {
+        self.stats.errors_out += 1;
+        self.reply(conn, wire::error_frame(id, error));
+    }
+
+    /// Sends one frame to every subscriber of `channel`, in ConnId order.
+    pub(crate) fn broadcast(&mut self, channel: &str, frame: &Frame) {
+        for conn in self.conns.subscribers(channel) {
+            self.reply(conn, frame.clone());
+        }
+    }
+
+    /// Sends a root notification to root subscribers allowed to read session `id`.
+    pub(crate) fn notify_root(&mut self, session_id: &str, frame: &Frame) {
+        for conn in self.conns.subscribers(ROOT) {
+            let allowed = self.conns.get(conn).is_some_and(|c| c.principal.can_read_session(session_id));
+            if allowed {
+                self.reply(conn, frame.clone());
+            }
+        }
+    }
+
+    /// A fresh random UUID (v4 layout) from the host's seeded generator.
+    pub(crate) fn uuid(&mut self) -> String {
+        let mut b = [0u8; 16];
+        self.rng.fill_bytes(&mut b);
+        b[6] = (b[6] & 0x0f) | 0x40;
+        b[8] = (b[8] & 0x3f) | 0x80;
+        let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    }
+
+    /// Checks that `principal` may read `uri` and that it exists.
+    pub(crate) fn allowed(&self, principal: &Principal, uri: &str) -> Result<(), RpcError> {
+        let r = ChannelRef::parse(uri);
+        match r {
+            ChannelRef::Root => Ok(()),
+            ChannelRef::Unknown => Err(RpcError::not_found("Unknown channel")),
+            _ => {
+                let id = r.session_id().unwrap_or_default();
+                if !principal.can_read_session(id) {
+                    return Err(RpcError::forbidden("You don't have access to this channel"));
+                }
+                if !self.sessions.contains_key(id) {
+                    return Err(RpcError::not_found("Unknown channel"));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// `{resource, state, fromSeq}` for a channel that exists.
+    pub(crate) fn snapshot(&self, uri: &str) -> Option<Value> {
+        let state = self.channel_state(uri)?;
+        Some(json!({ "resource": uri, "state": state, "fromSeq": self.seq.current() }))
+    }
+
+    fn subscribe(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<String, RpcError> {
+        let p: ChannelParams = parse_params(params)?;
+        let principal = self.principal(conn)?;
+        self.allowed(&principal, &p.channel)?;
+        let (count, already) = self
+            .conns
+            .get(conn)
+            .map(|c| (c.subscriptions.len(), c.subscriptions.contains(&p.channel)))
+            .unwrap_or_default();
+        if !already && count >= self.config.limits.subscriptions_per_conn_max as usize {
+            return Err(RpcError::limit("Subscription limit reached"));
+        }
+        // Snapshot and registration happen in one step: nothing can be sequenced between them.
+        let snapshot = self.snapshot(&p.channel).ok_or_else(|| RpcError::not_found("Unknown channel"))?;
+        self.conns.subscribe(conn, &p.channel);
+        Ok(json!({ "snapshot": snapshot }).to_string())
+    }
+
+    fn unsubscribe(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<(), RpcError> {
+        let p: ChannelParams = parse_params(params)?;
+        self.conns.unsubscribe(conn, &p.channel);
+        Ok(())
+    }
+
+    fn resource_read(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<String, RpcError> {
+        #[derive(Deserialize)]
+        struct P {
+            uri: String,
+        }
+        let p: P = parse_params(params)?;
+        let principal = self.principal(conn)?;
+        let Some(rest) = p.uri.strip_prefix("axp-blob:/") else {
+            return Err(RpcError::forbidden("Only AXP blob resources are readable"));
+        };
+        // `axp-blob:/<encoded exchange channel>/<sha256>`: the owning session decides access.
+        let channel = rest.rsplit_once('/').map(|(c, _)| percent_decode(c)).unwrap_or_default();
+        let session = channel.strip_prefix("axp-session:/").unwrap_or_default();
+        if !channel::valid_session_id(session) {
+            return Err(RpcError::not_found("Blob not found"));
+        }
+        if !principal.can_read_session(session) {
+            return Err(RpcError::forbidden("You don't have access to this channel"));
+        }
+        Err(RpcError::not_found("Blob not found in this session"))
+    }
+
+    pub(crate) fn principal(&self, conn: ConnId) -> Result<Arc<Principal>, RpcError> {
+        self.conns
+            .get(conn)
+            .map(|c| c.principal.clone())
+            .ok_or_else(|| RpcError::new(crate::error::INTERNAL_ERROR, "Connection is gone"))
+    }
+
+    pub(crate) fn client_id(&self, conn: ConnId) -> Option<String> {
+        match &self.conns.get(conn)?.phase {
+            Phase::Ready { client_id } => Some(client_id.clone()),
+            Phase::Handshake => None,
+        }
+    }
+}
+
+/// Params of every method that names only a channel.
+#[derive(Deserialize)]
+pub(crate) struct ChannelParams {
+    pub(crate) channel: String,
+}
+
+/// Decodes params into `T`, or a `-32602` naming what is wrong.
+pub(crate) fn parse_params<'a, T: Deserialize<'a>>(params: Option<&'a RawValue>) -> Result<T, RpcError> {
+    let text = params.map_or("null", RawValue::get);
+    serde_json::from_str(text).map_err(|e| RpcError::invalid_params(format!("Invalid parameters: {e}")))
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() + 0 && i + 2 <= b.len() - 1 {
+            let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+            if let Some(v) = hex {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+

@@ -1,0 +1,127 @@
+//! Every bound the host enforces, in one place, with the reason for each default.
+
+use std::fmt;
+
+/// Every bound the host enforces. Defaults follow the AXP host where it has one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Open connections at once. The driver refuses the upgrade (HTTP 503) above this and the
+    /// core closes any connection past it. AXP host: 2048.
+    pub connections_max: u32,
+    /// Channels one connection may subscribe to; `-32043` above. AXP host: 256.
+    pub subscriptions_per_conn_max: u32,
+    /// Largest JSON-RPC message the core accepts (bytes); `-32043` above. AXP host: 65,536.
+    pub message_bytes_max: u32,
+    /// Largest WebSocket frame the driver reads at all; bigger frames close with 1009.
+    /// Room for the largest message any method accepts plus framing.
+    pub frame_bytes_max: u32,
+    /// Time a new connection has to send `initialize` or `reconnect`; then Close 1008.
+    /// AXP host: 10 s.
+    pub handshake_timeout_ms: u64,
+    /// Outbound bytes queued for one connection before the host closes it. State events are
+    /// never dropped; a slow consumer recovers by `reconnect`. AXP host: 2,000,000.
+    pub queue_bytes_hard: u64,
+    /// Events kept for `reconnect` replay; a larger gap is answered with snapshots.
+    /// AXP host: 4096.
+    pub replay_events_max: u32,
+    /// `protocolVersions` entries accepted in `initialize`. AXP host: 32.
+    pub protocol_versions_max: u32,
+    /// Queued plus steering messages per chat; `-32043` above. AXP host: 32.
+    pub pending_messages_max: u32,
+}
+
+/// Defaults, named so tests and docs can cite them.
+pub const DEFAULT_CONNECTIONS_MAX: u32 = 2048;
+/// See [`Limits::subscriptions_per_conn_max`].
+pub const DEFAULT_SUBSCRIPTIONS_PER_CONN_MAX: u32 = 256;
+/// See [`Limits::message_bytes_max`].
+pub const DEFAULT_MESSAGE_BYTES_MAX: u32 = 64 * 1024;
+/// See [`Limits::frame_bytes_max`].
+pub const DEFAULT_FRAME_BYTES_MAX: u32 = 16 * 1024 * 1024;
+/// See [`Limits::handshake_timeout_ms`].
+pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+/// See [`Limits::queue_bytes_hard`].
+pub const DEFAULT_QUEUE_BYTES_HARD: u64 = 2_000_000;
+/// See [`Limits::replay_events_max`].
+pub const DEFAULT_REPLAY_EVENTS_MAX: u32 = 4096;
+
+const _: () = assert!(DEFAULT_MESSAGE_BYTES_MAX <= DEFAULT_FRAME_BYTES_MAX);
+const _: () = assert!((DEFAULT_MESSAGE_BYTES_MAX as u64) < DEFAULT_QUEUE_BYTES_HARD);
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections_max: DEFAULT_CONNECTIONS_MAX,
+            subscriptions_per_conn_max: DEFAULT_SUBSCRIPTIONS_PER_CONN_MAX,
+            message_bytes_max: DEFAULT_MESSAGE_BYTES_MAX,
+            frame_bytes_max: DEFAULT_FRAME_BYTES_MAX,
+            handshake_timeout_ms: DEFAULT_HANDSHAKE_TIMEOUT_MS,
+            queue_bytes_hard: DEFAULT_QUEUE_BYTES_HARD,
+            replay_events_max: DEFAULT_REPLAY_EVENTS_MAX,
+            protocol_versions_max: 32,
+            pending_messages_max: 32,
+        }
+    }
+}
+
+/// A `Limits` value that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsError(pub &'static str);
+
+impl fmt::Display for LimitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid limits: {}", self.0)
+    }
+}
+
+impl std::error::Error for LimitsError {}
+
+impl Limits {
+    /// Checks the relationships between limits, before any input is handled.
+    pub fn validate(&self) -> Result<(), LimitsError> {
+        if self.connections_max == 0 {
+            return Err(LimitsError("connections_max must be at least 1"));
+        }
+        if self.subscriptions_per_conn_max == 0 {
+            return Err(LimitsError("subscriptions_per_conn_max must be at least 1"));
+        }
+        if self.message_bytes_max < 1024 {
+            return Err(LimitsError("message_bytes_max must be at least 1024"));
+        }
+        if self.frame_bytes_max < self.message_bytes_max {
+            return Err(LimitsError("frame_bytes_max must be at least message_bytes_max"));
+        }
+        if self.queue_bytes_hard < u64::from(self.message_bytes_max) {
+            return Err(LimitsError("queue_bytes_hard must be at least message_bytes_max"));
+        }
+        if self.handshake_timeout_ms == 0 {
+            return Err(LimitsError("handshake_timeout_ms must be positive"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_the_axp_host() {
+        let l = Limits::default();
+        assert_eq!(l.validate(), Ok(()));
+        assert_eq!(l.connections_max, 2048);
+        assert_eq!(l.subscriptions_per_conn_max, 256);
+        assert_eq!(l.message_bytes_max, 65_536);
+        assert_eq!(l.handshake_timeout_ms, 10_000);
+        assert_eq!(l.queue_bytes_hard, 2_000_000);
+        assert_eq!(l.replay_events_max, 4096);
+    }
+
+    #[test]
+    fn inconsistent_limits_are_refused() {
+        let l = Limits { frame_bytes_max: 1024, ..Limits::default() };
+        assert!(l.validate().is_err());
+        let l = Limits { queue_bytes_hard: 10, ..Limits::default() };
+        assert!(l.validate().is_err());
+    }
+}

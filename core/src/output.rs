@@ -1,0 +1,113 @@
+//! What the core asks the driver to do, in the order it decided.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::connection::ConnId;
+
+/// One encoded WebSocket text message, shared: fan-out to N connections is N refcount bumps.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Frame(Arc<[u8]>);
+
+impl Frame {
+    /// Wraps encoded JSON.
+    pub fn new(bytes: Vec<u8>) -> Frame {
+        Frame(Arc::from(bytes))
+    }
+
+    /// The frame's bytes (UTF-8 JSON).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// The frame's text; frames are always built from JSON text.
+    pub fn as_str(&self) -> &str {
+        // Frames are only built from serde_json output and valid UTF-8 input slices.
+        std::str::from_utf8(&self.0).unwrap_or("")
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the frame is empty (never true for frames the host builds).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Frame {
+    // Frames carry application payloads; debug output shows only their size.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Frame({} bytes)", self.0.len())
+    }
+}
+
+/// WebSocket close codes the host uses.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CloseCode {
+    /// 1000: the host is shutting down or the exchange ended normally.
+    Normal,
+    /// 1003: binary frames are not accepted.
+    Unsupported,
+    /// 1008: policy (handshake timeout, unsupported version, queue over its limit).
+    Policy,
+    /// 1009: a frame over `frame_bytes_max`.
+    TooBig,
+    /// 1013: too many connections; try again later.
+    TryAgainLater,
+}
+
+impl CloseCode {
+    /// The numeric code on the wire.
+    pub fn code(self) -> u16 {
+        match self {
+            CloseCode::Normal => 1000,
+            CloseCode::Unsupported => 1003,
+            CloseCode::Policy => 1008,
+            CloseCode::TooBig => 1009,
+            CloseCode::TryAgainLater => 1013,
+        }
+    }
+}
+
+/// One decision for the driver to carry out.
+#[must_use]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Write `frame` as one text message to `conn`. Report written bytes with `Input::Flushed`.
+    Send {
+        /// Destination.
+        conn: ConnId,
+        /// The message.
+        frame: Frame,
+    },
+    /// Send the frames already queued for `conn`, then close it with `code`. The core ignores
+    /// everything for `conn` from now on; the driver still reports `Input::Closed`.
+    Close {
+        /// The connection to close.
+        conn: ConnId,
+        /// WebSocket close code.
+        code: CloseCode,
+        /// Short, payload-free reason.
+        reason: &'static str,
+    },
+}
+
+/// The queue of decisions `poll_output` drains.
+#[derive(Default, Debug)]
+pub(crate) struct Outbox {
+    queue: VecDeque<Output>,
+}
+
+impl Outbox {
+    pub(crate) fn push(&mut self, output: Output) {
+        self.queue.push_back(output);
+    }
+
+    pub(crate) fn pop(&mut self) -> Option<Output> {
+        self.queue.pop_front()
+    }
+}

@@ -1,0 +1,374 @@
+//! Sessions and the AHP channels each one owns: `ahp-session:/ID`, its default chat
+//! `ahp-chat:/ID` and its changeset `ahp-changeset:/ID`, shaped as the AXP host creates them.
+
+use ahp_types::state::{
+    AgentInfo, ChangesetState, ChangesetStatus, ChatState, ChatSummary, RootState, SessionLifecycle,
+    SessionState, SessionSummary,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::channel::{changeset_uri, chat_uri, session_uri};
+use crate::store::RecordWrite;
+use crate::time::iso8601;
+
+/// `SessionStatus.Idle`.
+pub(crate) const STATUS_IDLE: u32 = 1;
+/// The only provider this host offers.
+pub(crate) const PROVIDER: &str = "axp";
+/// The AXP wire version advertised in `_meta["org.axp.exchange"]`.
+pub const AXP_VERSION: &str = "0.2.0";
+/// The `_meta` key of the AXP exchange extension.
+pub const AXP_CAPABILITY: &str = "org.axp.exchange";
+
+/// Host-private facts about a session that no AHP state carries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct SessionMeta {
+    pub(crate) task: String,
+    pub(crate) created_at_ms: u64,
+    pub(crate) closed: bool,
+}
+
+/// One session with its three channels' states.
+#[derive(Clone, Debug)]
+pub(crate) struct SessionEntry {
+    pub(crate) id: String,
+    pub(crate) meta: SessionMeta,
+    pub(crate) session: SessionState,
+    pub(crate) chat: ChatState,
+    pub(crate) changeset: ChangesetState,
+}
+
+/// Which of a session's states a change touched, so only those are rewritten.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Touched {
+    pub(crate) meta: bool,
+    pub(crate) session: bool,
+    pub(crate) chat: bool,
+    pub(crate) changeset: bool,
+}
+
+impl Touched {
+    pub(crate) const ALL: Touched = Touched { meta: true, session: true, chat: true, changeset: true };
+}
+
+fn meta_key(id: &str) -> String {
+    format!("axhost-session:/{id}")
+}
+
+impl SessionEntry {
+    /// A new session as the AXP host creates it: ready, idle, one default chat, one changeset.
+    pub(crate) fn create(id: &str, title: String, task: String, now_ms: u64) -> SessionEntry {
+        let chat = chat_uri(id);
+        let now = iso8601(now_ms);
+        let chat_state = ChatState {
+            resource: chat.clone(),
+            title: title.clone(),
+            status: STATUS_IDLE,
+            activity: None,
+            origin: None,
+            interactivity: None,
+            working_directories: None,
+            modified_at: now.clone(),
+            turns: vec![],
+            turns_next_cursor: None,
+            active_turn: None,
+            steering_message: None,
+            queued_messages: None,
+            draft: None,
+            meta: None,
+        };
+        let session: SessionState = serde_json::from_value(json!({
+            "provider": PROVIDER,
+            "title": title,
+            "status": STATUS_IDLE,
+            "lifecycle": "ready",
+            "activeClients": [],
+            "chats": [{ "resource": chat, "title": title, "status": STATUS_IDLE, "modifiedAt": now }],
+            "defaultChat": chat,
+            "changesets": [{
+                "label": "Git checkpoint",
+                "uriTemplate": changeset_uri(id),
+                "changeKind": "session"
+            }],
+        }))
+        // A literal shaped like the 0.9.0 type; a failure here is a bug, caught by unit tests.
+        .expect("session literal matches SessionState");
+        debug_assert_eq!(session.lifecycle, SessionLifecycle::Ready);
+        SessionEntry {
+            id: id.to_owned(),
+            meta: SessionMeta { task, created_at_ms: now_ms, closed: false },
+            session,
+            chat: chat_state,
+            changeset: ChangesetState {
+                status: ChangesetStatus::Ready,
+                error: None,
+                files: vec![],
+                operations: None,
+            },
+        }
+    }
+
+    /// The state records this entry writes for the parts `touched`.
+    pub(crate) fn records(&self, touched: Touched) -> Vec<RecordWrite> {
+        let mut out = Vec::new();
+        let mut put = |key: String, value: String| out.push(RecordWrite { key, value: Some(value) });
+        // Serializing these typed states cannot fail: every map key is a string.
+        if touched.meta {
+            put(meta_key(&self.id), serde_json::to_string(&self.meta).unwrap_or_default());
+        }
+        if touched.session {
+            put(session_uri(&self.id), serde_json::to_string(&self.session).unwrap_or_default());
+        }
+        if touched.chat {
+            put(chat_uri(&self.id), serde_json::to_string(&self.chat).unwrap_or_default());
+        }
+        if touched.changeset {
+            put(changeset_uri(&self.id), serde_json::to_string(&self.changeset).unwrap_or_default());
+        }
+        out
+    }
+
+    /// Rebuilds an entry from stored records; `None` if any is missing or unreadable.
+    pub(crate) fn from_records(id: &str, get: impl Fn(&str) -> Option<String>) -> Option<SessionEntry> {
+        Some(SessionEntry {
+            id: id.to_owned(),
+            meta: serde_json::from_str(&get(&meta_key(id))?).ok()?,
+            session: serde_json::from_str(&get(&session_uri(id))?).ok()?,
+            chat: serde_json::from_str(&get(&chat_uri(id))?).ok()?,
+            changeset: serde_json::from_str(&get(&changeset_uri(id))?).ok()?,
+        })
+    }
+
+    /// The id of the session a stored record key belongs to, if it is a meta record.
+    pub(crate) fn id_of_meta_key(key: &str) -> Option<&str> {
+        key.strip_prefix("axhost-session:/")
+    }
+
+    /// Status shown in summaries: the default chat's, else the session's.
+    pub(crate) fn summary_status(&self) -> u32 {
+        self.session.chats.first().map_or(self.session.status, |c: &ChatSummary| c.status)
+    }
+
+    /// `modifiedAt` shown in summaries: the default chat's.
+    pub(crate) fn modified_at(&self) -> &str {
+        self.session.chats.first().map_or(self.chat.modified_at.as_str(), |c| c.modified_at.as_str())
+    }
+
+    /// The listSessions / root notification summary.
+    pub(crate) fn summary(&self) -> SessionSummary {
+        SessionSummary {
+            provider: self.session.provider.clone(),
+            title: self.session.title.clone(),
+            status: self.summary_status(),
+            activity: None,
+            origin: None,
+            project: None,
+            working_directories: None,
+            annotations: None,
+            resource: session_uri(&self.id),
+            created_at: iso8601(self.meta.created_at_ms),
+            modified_at: self.modified_at().to_owned(),
+            changes: None,
+            meta: None,
+        }
+    }
+
+    /// The state JSON of one of this entry's channels.
+    pub(crate) fn state_json(&self, which: Which) -> Value {
+        let v = match which {
+            Which::Session => serde_json::to_value(&self.session),
+            Which::Chat => serde_json::to_value(&self.chat),
+            Which::Changeset => serde_json::to_value(&self.changeset),
+        };
+        v.unwrap_or(Value::Null)
+    }
+}
+
+/// One of a session's channels.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Which {
+    Session,
+    Chat,
+    Changeset,
+}
+
+/// The root state: one agent (the AXP provider) and the AXP extension's pointers.
+pub(crate) fn root_state() -> Value {
+    let agent = AgentInfo {
+        provider: PROVIDER.into(),
+        display_name: "Parked ACP agent".into(),
+        description: "An ACP agent connected by a contributor".into(),
+        models: vec![],
+        protected_resources: None,
+        customizations: None,
+        capabilities: None,
+    };
+    let root = RootState {
+        agents: vec![agent],
+        active_sessions: None,
+        terminals: None,
+        config: None,
+        meta: None,
+    };
+    let mut v = serde_json::to_value(root).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.insert("_meta".into(), json!({ AXP_CAPABILITY: { "version": AXP_VERSION } }));
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_session_round_trips_through_its_records() {
+        let e = SessionEntry::create("s1", "T".into(), "task".into(), 1_000);
+        assert_eq!(e.session.chats.len(), 1);
+        assert_eq!(e.session.default_chat.as_deref(), Some("ahp-chat:/s1"));
+        let records = e.records(Touched::ALL);
+        assert_eq!(records.len(), 4);
+        let get = |k: &str| records.iter().find(|r| r.key == k).and_then(|r| r.value.clone());
+        let back = SessionEntry::from_records("s1", get).expect("rebuilt");
+        assert_eq!(back.session, e.session);
+        assert_eq!(back.chat, e.chat);
+        assert_eq!(back.meta, e.meta);
+        assert_eq!(e.summary().created_at, "1970-01-01T00:00:01.000Z");
+    }
+
+    #[test]
+    fn root_state_decodes_as_the_official_root_state() {
+        let v = root_state();
+        let _: RootState = serde_json::from_value(v.clone()).expect("RootState");
+        assert_eq!(v["agents"][0]["provider"], "axp");
+    }
+}
+
+mod commands {
+    //! `createSession` and `listSessions`.
+
+    use ahp_types::notifications::SessionAddedParams;
+    use serde::Deserialize;
+    use serde_json::value::RawValue;
+    use serde_json::{json, Value};
+
+    use super::{SessionEntry, Touched, PROVIDER};
+    use crate::channel::{self, session_uri, ROOT};
+    use crate::connection::ConnId;
+    use crate::error::{RpcError, PROVIDER_NOT_FOUND, SESSION_ALREADY_EXISTS};
+    use crate::host::{parse_params, Host};
+    use crate::principal::Role;
+    use crate::store::{Change, Store};
+    use crate::wire;
+
+    /// Largest page `listSessions` returns.
+    const LIST_PAGE_MAX: usize = 1000;
+
+    #[derive(Deserialize)]
+    struct CreateParams {
+        channel: String,
+        #[serde(default)]
+        provider: Option<String>,
+        #[serde(default)]
+        config: Option<serde_json::Map<String, Value>>,
+    }
+
+    #[derive(Deserialize)]
+    struct ListParams {
+        #[serde(default)]
+        limit: Option<u64>,
+        #[serde(default)]
+        cursor: Option<String>,
+    }
+
+    fn config_string(config: &Option<serde_json::Map<String, Value>>, key: &str, max: usize) -> Result<Option<String>, RpcError> {
+        match config.as_ref().and_then(|c| c.get(key)) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) if !s.trim().is_empty() && s.chars().count() <= max => Ok(Some(s.clone())),
+            Some(_) => Err(RpcError::invalid_params(format!("config.{key} must be a non-blank string of at most {max} characters"))),
+        }
+    }
+
+    /// Sort key for listSessions: newest `modifiedAt` first, then resource.
+    fn modified_ms(iso: &str) -> i64 {
+        iso.parse::<jiff::Timestamp>().map(|t| t.as_millisecond()).unwrap_or(0)
+    }
+
+    impl<S: Store> Host<S> {
+        pub(crate) fn create_session(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<String, RpcError> {
+            let p: CreateParams = parse_params(params)?;
+            let principal = self.principal(conn)?;
+            if principal.role != Role::Maintainer {
+                return Err(RpcError::forbidden("Only maintainers can do this"));
+            }
+            let id = p
+                .channel
+                .strip_prefix("ahp-session:/")
+                .or_else(|| p.channel.strip_prefix("axp-session:/"))
+                .filter(|id| channel::valid_session_id(id))
+                .ok_or_else(|| RpcError::invalid_params("createSession needs a session URI like ahp-session:/ID"))?
+                .to_owned();
+            if !principal.can_read_session(&id) {
+                return Err(RpcError::forbidden("You don't have access to this channel"));
+            }
+            if p.provider.as_deref().is_some_and(|prov| prov != PROVIDER) {
+                return Err(RpcError::new(PROVIDER_NOT_FOUND, "Unknown provider"));
+            }
+            let title = config_string(&p.config, "title", 256)?.unwrap_or_else(|| "Contribution session".into());
+            let task = config_string(&p.config, "task", 512)?.unwrap_or_else(|| p.channel.clone());
+            if self.sessions.contains_key(&id) {
+                return Err(RpcError::new(SESSION_ALREADY_EXISTS, "Session already exists"));
+            }
+            if self.sessions.values().any(|e| !e.meta.closed && e.meta.task == task) {
+                return Err(RpcError::conflict("An open session already owns this task"));
+            }
+            let entry = SessionEntry::create(&id, title, task, self.now.wall_unix_ms);
+            let change = Change { server_seq: self.seq.current(), records: entry.records(Touched::ALL), ..Change::default() };
+            self.commit(&change)?;
+            let summary = entry.summary();
+            self.sessions.insert(id.clone(), entry);
+            let added = SessionAddedParams { channel: ROOT.into(), summary };
+            if let Ok(params) = serde_json::to_string(&added) {
+                self.notify_root(&id, &wire::notification_frame("root/sessionAdded", &params));
+            }
+            Ok("null".into())
+        }
+
+        pub(crate) fn list_sessions(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<String, RpcError> {
+            let p: ListParams = match params {
+                Some(_) => parse_params(params)?,
+                None => ListParams { limit: None, cursor: None },
+            };
+            let principal = self.principal(conn)?;
+            let limit = p.limit.map_or(LIST_PAGE_MAX, |l| (l as usize).clamp(1, LIST_PAGE_MAX));
+            let mut rows: Vec<(i64, String, &SessionEntry)> = self
+                .sessions
+                .values()
+                .filter(|e| principal.can_read_session(&e.id))
+                .map(|e| (modified_ms(e.modified_at()), session_uri(&e.id), e))
+                .collect();
+            rows.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+            // The cursor names the last row of the previous page: `<modifiedMs>|<resource>`.
+            let start = match &p.cursor {
+                None => 0,
+                Some(c) => {
+                    let (ms, res) = c
+                        .split_once('|')
+                        .and_then(|(ms, res)| Some((ms.parse::<i64>().ok()?, res)))
+                        .ok_or_else(|| RpcError::invalid_params("Unknown cursor"))?;
+                    rows.iter().position(|r| (r.0 < ms) || (r.0 == ms && r.1.as_str() > res)).unwrap_or(rows.len())
+                }
+            };
+            let page = &rows[start.min(rows.len())..];
+            let items: Vec<Value> = page.iter().take(limit).filter_map(|r| serde_json::to_value(r.2.summary()).ok()).collect();
+            let mut result = json!({ "items": items });
+            if page.len() > limit {
+                let last = &page[limit - 1];
+                result["nextCursor"] = Value::from(format!("{}|{}", last.0, last.1));
+            }
+            Ok(result.to_string())
+        }
+    }
+}

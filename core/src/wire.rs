@@ -1,0 +1,241 @@
+//! JSON-RPC 2.0 envelopes: parsed borrowed (method and id decoded, params kept as raw JSON
+//! text) and encoded straight into frames.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::error::{RpcError, INVALID_REQUEST, PARSE_ERROR};
+use crate::output::Frame;
+
+/// One inbound JSON-RPC message, borrowing from the frame it came in.
+#[derive(Debug)]
+pub enum Message<'a> {
+    /// Has `method` and `id`: must be answered.
+    Request {
+        /// Raw JSON text of the id, echoed as received.
+        id: &'a RawValue,
+        /// Method name, unescaped.
+        method: Cow<'a, str>,
+        /// Raw params, if any.
+        params: Option<&'a RawValue>,
+    },
+    /// Has `method`, no `id`: never answered.
+    Notification {
+        /// Method name, unescaped.
+        method: Cow<'a, str>,
+        /// Raw params, if any.
+        params: Option<&'a RawValue>,
+    },
+    /// Has `id` and `result` or `error`: a reply to a host-initiated request.
+    Response {
+        /// Raw JSON text of the id.
+        id: &'a RawValue,
+        /// `Ok(result)` or `Err(error object)`, both raw.
+        outcome: Result<&'a RawValue, &'a RawValue>,
+    },
+}
+
+/// Why a frame is not a usable message. Both are answered with `id: null`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Malformed {
+    /// Not JSON (`-32700`).
+    NotJson,
+    /// JSON, but not a JSON-RPC 2.0 message (`-32600`); the id if one could be read.
+    NotJsonRpc(&'static str),
+}
+
+impl Malformed {
+    /// The error to answer with.
+    pub fn to_error(&self) -> RpcError {
+        match self {
+            Malformed::NotJson => RpcError::new(PARSE_ERROR, "Invalid JSON"),
+            Malformed::NotJsonRpc(why) => RpcError::new(INVALID_REQUEST, *why),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RawEnvelope<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Option<Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    method: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+}
+
+/// Keeps a field that is present, even when it is `null` (plain `Option` would read `null`
+/// as absent, and `"id": null` is still a request).
+fn present<'de, D>(d: D) -> Result<Option<&'de RawValue>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// Parses one frame into a message, or says why it is not one.
+pub fn parse(text: &[u8]) -> Result<Message<'_>, Malformed> {
+    let first = text.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(if serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok() {
+            Malformed::NotJsonRpc("Invalid JSON-RPC request: expected one object (no batches)")
+        } else {
+            Malformed::NotJson
+        });
+    }
+    let env: RawEnvelope<'_> = match serde_json::from_slice(text) {
+        Ok(env) => env,
+        Err(e) if e.is_syntax() || e.is_eof() => return Err(Malformed::NotJson),
+        Err(_) => return Err(Malformed::NotJsonRpc("Invalid JSON-RPC request")),
+    };
+    if env.jsonrpc.as_deref() != Some("2.0") {
+        return Err(Malformed::NotJsonRpc("Invalid JSON-RPC request: jsonrpc must be \"2.0\""));
+    }
+    match (env.method, env.id) {
+        (Some(method), Some(id)) => {
+            if !valid_id(id) {
+                return Err(Malformed::NotJsonRpc("Invalid JSON-RPC request: bad id"));
+            }
+            Ok(Message::Request { id, method, params: env.params })
+        }
+        (Some(method), None) => Ok(Message::Notification { method, params: env.params }),
+        (None, Some(id)) => match (env.result, env.error) {
+            (Some(r), None) => Ok(Message::Response { id, outcome: Ok(r) }),
+            (None, Some(e)) => Ok(Message::Response { id, outcome: Err(e) }),
+            _ => Err(Malformed::NotJsonRpc("Invalid JSON-RPC response")),
+        },
+        (None, None) => Err(Malformed::NotJsonRpc("Invalid JSON-RPC request: no method")),
+    }
+}
+
+/// JSON-RPC ids are numbers, strings or null.
+fn valid_id(id: &RawValue) -> bool {
+    matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9' | b'n'))
+}
+
+/// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` where `result` is JSON text.
+pub fn result_frame(id: &str, result: &str) -> Frame {
+    let mut out = Vec::with_capacity(40 + id.len() + result.len());
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b",\"result\":");
+    out.extend_from_slice(result.as_bytes());
+    out.push(b'}');
+    Frame::new(out)
+}
+
+/// `{"jsonrpc":"2.0","id":ID,"error":{...}}`; `id` is raw JSON (`null` when unknown).
+pub fn error_frame(id: &str, error: &RpcError) -> Frame {
+    let mut body = serde_json::Map::new();
+    body.insert("code".into(), Value::from(error.code));
+    body.insert("message".into(), Value::from(error.message.as_ref()));
+    if let Some(data) = &error.data {
+        body.insert("data".into(), data.clone());
+    }
+    let body = Value::Object(body).to_string();
+    let mut out = Vec::with_capacity(40 + id.len() + body.len());
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"id\":");
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(b",\"error\":");
+    out.extend_from_slice(body.as_bytes());
+    out.push(b'}');
+    Frame::new(out)
+}
+
+/// `{"jsonrpc":"2.0","method":METHOD,"params":PARAMS}` where `params` is JSON text.
+pub fn notification_frame(method: &str, params: &str) -> Frame {
+    let method = Value::from(method).to_string();
+    let mut out = Vec::with_capacity(40 + method.len() + params.len());
+    out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",\"method\":");
+    out.extend_from_slice(method.as_bytes());
+    out.extend_from_slice(b",\"params\":");
+    out.extend_from_slice(params.as_bytes());
+    out.push(b'}');
+    Frame::new(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_requests_notifications_and_responses() {
+        let m = parse(br#"{"jsonrpc":"2.0","id":7,"method":"ping","params":{"channel":"ahp-root://"}}"#);
+        match m {
+            Ok(Message::Request { id, method, params }) => {
+                assert_eq!(id.get(), "7");
+                assert_eq!(method, "ping");
+                assert_eq!(params.map(|p| p.get()), Some(r#"{"channel":"ahp-root://"}"#));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"2.0","method":"unsubscribe"}"#),
+            Ok(Message::Notification { .. })
+        ));
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"2.0","id":null,"method":"x"}"#),
+            Ok(Message::Request { .. })
+        ));
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"2.0","id":3,"result":null}"#),
+            Ok(Message::Response { outcome: Ok(_), .. })
+        ));
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"2.0","id":3,"error":{"code":1,"message":"m"}}"#),
+            Ok(Message::Response { outcome: Err(_), .. })
+        ));
+    }
+
+    #[test]
+    fn method_names_with_escapes_are_unescaped() {
+        match parse(br#"{"jsonrpc":"2.0","id":"a","method":"p\u0069ng"}"#) {
+            Ok(Message::Request { method, id, .. }) => {
+                assert_eq!(method, "ping");
+                assert_eq!(id.get(), "\"a\"");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejects_what_is_not_json_rpc() {
+        assert_eq!(parse(b"{nope").unwrap_err(), Malformed::NotJson);
+        assert_eq!(parse(b"").unwrap_err(), Malformed::NotJson);
+        assert!(matches!(parse(b"[1,2]"), Err(Malformed::NotJsonRpc(_))));
+        assert!(matches!(parse(b"42"), Err(Malformed::NotJsonRpc(_))));
+        assert!(matches!(parse(br#"{"id":1,"method":"ping"}"#), Err(Malformed::NotJsonRpc(_))));
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#),
+            Err(Malformed::NotJsonRpc(_))
+        ));
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#),
+            Err(Malformed::NotJsonRpc(_))
+        ));
+        assert!(matches!(
+            parse(br#"{"jsonrpc":"2.0","id":1,"method":"a","method":"b"}"#),
+            Err(Malformed::NotJsonRpc(_))
+        ));
+    }
+
+    #[test]
+    fn frames_are_valid_json() {
+        let f = error_frame("null", &RpcError::new(-32700, "Invalid \"JSON\""));
+        let v: Value = serde_json::from_slice(f.as_bytes()).expect("json");
+        assert_eq!(v["error"]["code"], -32700);
+        assert!(v["id"].is_null());
+        let f = notification_frame("action", r#"{"a":1}"#);
+        let v: Value = serde_json::from_slice(f.as_bytes()).expect("json");
+        assert_eq!(v["params"]["a"], 1);
+    }
+}
