@@ -25,13 +25,20 @@ impl<'a> ChannelRef<'a> {
             return ChannelRef::Root;
         }
         let scoped = [
-            ("ahp-session:/", ChannelRef::Session as fn(&'a str) -> ChannelRef<'a>),
+            (
+                "ahp-session:/",
+                ChannelRef::Session as fn(&'a str) -> ChannelRef<'a>,
+            ),
             ("ahp-chat:/", ChannelRef::Chat),
             ("ahp-changeset:/", ChannelRef::Changeset),
         ];
         for (prefix, make) in scoped {
             if let Some(id) = uri.strip_prefix(prefix) {
-                return if valid_session_id(id) { make(id) } else { ChannelRef::Unknown };
+                return if valid_session_id(id) {
+                    make(id)
+                } else {
+                    ChannelRef::Unknown
+                };
             }
         }
         ChannelRef::Unknown
@@ -57,7 +64,8 @@ pub fn valid_id(id: &str) -> bool {
     !b.is_empty()
         && b.len() <= 128
         && b[0].is_ascii_alphanumeric()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
 }
 
 /// `ahp-session:/ID`
@@ -82,9 +90,15 @@ mod tests {
     #[test]
     fn parses_the_served_schemes() {
         assert_eq!(ChannelRef::parse("ahp-root://"), ChannelRef::Root);
-        assert_eq!(ChannelRef::parse("ahp-session:/s1"), ChannelRef::Session("s1"));
+        assert_eq!(
+            ChannelRef::parse("ahp-session:/s1"),
+            ChannelRef::Session("s1")
+        );
         assert_eq!(ChannelRef::parse("ahp-chat:/s1"), ChannelRef::Chat("s1"));
-        assert_eq!(ChannelRef::parse("ahp-changeset:/s-1.a_b"), ChannelRef::Changeset("s-1.a_b"));
+        assert_eq!(
+            ChannelRef::parse("ahp-changeset:/s-1.a_b"),
+            ChannelRef::Changeset("s-1.a_b")
+        );
         assert_eq!(ChannelRef::parse("ahp-session:/"), ChannelRef::Unknown);
         assert_eq!(ChannelRef::parse("ahp-session:/../x"), ChannelRef::Unknown);
         assert_eq!(ChannelRef::parse("ahp-session:/.x"), ChannelRef::Unknown);

@@ -103,7 +103,10 @@ impl Connections {
     pub(crate) fn subscribe(&mut self, conn: ConnId, channel: &str) {
         if let Some(c) = self.table.get_mut(&conn) {
             if c.subscriptions.insert(channel.to_owned()) {
-                self.subscribers.entry(channel.to_owned()).or_default().insert(conn);
+                self.subscribers
+                    .entry(channel.to_owned())
+                    .or_default()
+                    .insert(conn);
             }
         }
     }
@@ -127,7 +130,10 @@ impl Connections {
 
     /// Subscribers of `channel`, in ConnId order.
     pub(crate) fn subscribers(&self, channel: &str) -> Vec<ConnId> {
-        self.subscribers.get(channel).map(|s| s.iter().copied().collect()).unwrap_or_default()
+        self.subscribers
+            .get(channel)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default()
     }
 
     /// The only way a frame leaves the host. Counts bytes and applies the hard queue limit:
@@ -147,7 +153,12 @@ impl Connections {
         };
         let queued = c.queued_bytes + frame.len() as u64;
         if queued > limits.queue_bytes_hard {
-            self.close(outbox, conn, CloseCode::Policy, "outbound queue limit exceeded; reconnect");
+            self.close(
+                outbox,
+                conn,
+                CloseCode::Policy,
+                "outbound queue limit exceeded; reconnect",
+            );
             return Enqueued::Closing;
         }
         c.queued_bytes = queued;

@@ -47,7 +47,12 @@ pub(crate) struct Tx {
 
 impl Tx {
     pub(crate) fn new(entry: SessionEntry, base_seq: u64) -> Tx {
-        Tx { entry, touched: Touched::default(), events: Vec::new(), base_seq }
+        Tx {
+            entry,
+            touched: Touched::default(),
+            events: Vec::new(),
+            base_seq,
+        }
     }
 
     /// Reduces `action` into the working copy and records its envelope.
@@ -60,13 +65,19 @@ impl Tx {
         let outcome = match which {
             Which::Chat => apply_action_to_chat(&mut self.entry.chat, &action),
             Which::Session => apply_action_to_session(&mut self.entry.session, &action),
-            Which::Changeset => ahp::reducers::apply_action_to_changeset(&mut self.entry.changeset, &action),
+            Which::Changeset => {
+                ahp::reducers::apply_action_to_changeset(&mut self.entry.changeset, &action)
+            }
         };
         match outcome {
             ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
-            ReduceOutcome::Invalid(e) => return Err(RpcError::invalid_params(format!("Invalid AHP action: {e}"))),
+            ReduceOutcome::Invalid(e) => {
+                return Err(RpcError::invalid_params(format!("Invalid AHP action: {e}")))
+            }
             ReduceOutcome::OutOfScope => {
-                return Err(RpcError::invalid_params("Invalid AHP action: wrong channel for this action"))
+                return Err(RpcError::invalid_params(
+                    "Invalid AHP action: wrong channel for this action",
+                ))
             }
         }
         let channel = match which {
@@ -107,7 +118,11 @@ impl Tx {
                 ..PartialChatSummary::default()
             },
         };
-        self.emit(Which::Session, StateAction::SessionChatUpdated(update), None)
+        self.emit(
+            Which::Session,
+            StateAction::SessionChatUpdated(update),
+            None,
+        )
     }
 }
 
@@ -149,12 +164,16 @@ pub(crate) fn canonical(v: &Value) -> String {
 
 /// SHA-256 hex of the canonical form of `{method, params}`.
 pub(crate) fn fingerprint(method: &str, params: &Value) -> String {
-    let digest = Sha256::digest(canonical(&json!({ "method": method, "params": params })).as_bytes());
+    let digest =
+        Sha256::digest(canonical(&json!({ "method": method, "params": params })).as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn elapsed_ms(started_at: &str, now_ms: u64) -> i64 {
-    let started = started_at.parse::<jiff::Timestamp>().map(|t| t.as_millisecond()).unwrap_or(now_ms as i64);
+    let started = started_at
+        .parse::<jiff::Timestamp>()
+        .map(|t| t.as_millisecond())
+        .unwrap_or(now_ms as i64);
     (now_ms as i64 - started).max(0)
 }
 
@@ -164,25 +183,33 @@ impl<S: Store> Host<S> {
             self.stats.notifications_dropped += 1;
             return;
         };
-        let Some(client_id) = self.client_id(conn) else { return };
-        let Ok(principal) = self.principal(conn) else { return };
+        let Some(client_id) = self.client_id(conn) else {
+            return;
+        };
+        let Ok(principal) = self.principal(conn) else {
+            return;
+        };
         let target = ChannelRef::parse(&p.channel);
         let readable = match target {
-            ChannelRef::Root => true,
-            ChannelRef::Unknown => false,
+            ChannelRef::Root | ChannelRef::Unknown => true,
             r => principal.can_read_session(r.session_id().unwrap_or_default()),
         };
         let exists = match target {
             ChannelRef::Root => true,
             ChannelRef::Unknown => false,
-            r => self.sessions.contains_key(r.session_id().unwrap_or_default()),
+            r => self
+                .sessions
+                .contains_key(r.session_id().unwrap_or_default()),
         };
         if readable && !exists {
             // AHP: actions for channels that do not exist are dropped without an echo.
             self.stats.notifications_dropped += 1;
             return;
         }
-        let origin = ActionOrigin { client_id: client_id.clone(), client_seq: p.client_seq as i64 };
+        let origin = ActionOrigin {
+            client_id: client_id.clone(),
+            client_seq: p.client_seq as i64,
+        };
         let result = if !readable {
             Err(RpcError::forbidden("You don't have access to this channel"))
         } else {
@@ -210,32 +237,52 @@ impl<S: Store> Host<S> {
         match self.store.receipt(owner, &key) {
             Err(_) => return Err(RpcError::commit_failed()),
             Ok(Some(r)) if r.fingerprint == fingerprint => return Ok(()), // a retry: already applied
-            Ok(Some(_)) => return Err(RpcError::conflict("Operation ID reused with different input")),
+            Ok(Some(_)) => {
+                return Err(RpcError::conflict(
+                    "Operation ID reused with different input",
+                ))
+            }
             Ok(None) => {}
         }
         if role != Role::Maintainer {
             return Err(RpcError::forbidden("Only maintainers can do this"));
         }
         let id = match ChannelRef::parse(&p.channel) {
-            ChannelRef::Chat(id) if self.sessions.get(id).is_some_and(|e| !e.meta.closed) => id.to_owned(),
-            _ => return Err(RpcError::invalid_params("This action must target an open session's chat")),
+            ChannelRef::Chat(id) if self.sessions.get(id).is_some_and(|e| !e.meta.closed) => {
+                id.to_owned()
+            }
+            _ => {
+                return Err(RpcError::invalid_params(
+                    "This action must target an open session's chat",
+                ))
+            }
         };
         let action: StateAction = serde_json::from_str(p.action.get())
             .map_err(|e| RpcError::invalid_params(format!("Invalid AHP action: {e}")))?;
         let Some(entry) = self.sessions.get(&id).cloned() else {
-            return Err(RpcError::invalid_params("This action must target an open session's chat"));
+            return Err(RpcError::invalid_params(
+                "This action must target an open session's chat",
+            ));
         };
         let mut tx = Tx::new(entry, self.seq.current());
         let now_ms = self.now.wall_unix_ms;
         self.chat_action(&mut tx, action, origin.clone(), now_ms)?;
         tx.sync_chat()?;
-        let last = self.clients.get(&origin.client_id).map_or(0, |c| c.last_client_seq);
+        let last = self
+            .clients
+            .get(&origin.client_id)
+            .map_or(0, |c| c.last_client_seq);
         let client = ClientRecord {
             client_id: origin.client_id.clone(),
             owner: owner.to_owned(),
             last_client_seq: last.max(p.client_seq),
         };
-        let receipt = Receipt { owner: owner.to_owned(), key, fingerprint, result: "null".into() };
+        let receipt = Receipt {
+            owner: owner.to_owned(),
+            key,
+            fingerprint,
+            result: "null".into(),
+        };
         self.commit_tx(tx, Some(receipt), vec![client])
     }
 
@@ -251,7 +298,10 @@ impl<S: Store> Host<S> {
         match action {
             StateAction::ChatTurnStarted(mut a) => {
                 if chat.active_turn.is_some() {
-                    return Err(RpcError::new(TURN_IN_PROGRESS, "A turn is already running. Use steer or queue instead."));
+                    return Err(RpcError::new(
+                        TURN_IN_PROGRESS,
+                        "A turn is already running. Use steer or queue instead.",
+                    ));
                 }
                 if chat.turns.iter().any(|t| t.id == a.turn_id) {
                     return Err(RpcError::conflict("Turn ID already exists"));
@@ -268,7 +318,10 @@ impl<S: Store> Host<S> {
                     return Err(RpcError::forbidden("Only user messages are accepted"));
                 }
                 let queued = chat.queued_messages.as_ref().map_or(0, Vec::len);
-                let replaces = chat.queued_messages.as_ref().is_some_and(|q| q.iter().any(|m| m.id == a.id));
+                let replaces = chat
+                    .queued_messages
+                    .as_ref()
+                    .is_some_and(|q| q.iter().any(|m| m.id == a.id));
                 if a.kind == PendingMessageKind::Queued
                     && !replaces
                     && queued >= self.config.limits.pending_messages_max as usize
@@ -276,7 +329,11 @@ impl<S: Store> Host<S> {
                     return Err(RpcError::limit("Pending message limit reached"));
                 }
                 let steering = a.kind == PendingMessageKind::Steering;
-                tx.emit(Which::Chat, StateAction::ChatPendingMessageSet(a), Some(origin))?;
+                tx.emit(
+                    Which::Chat,
+                    StateAction::ChatPendingMessageSet(a),
+                    Some(origin),
+                )?;
                 if steering {
                     // Steering interrupts the running turn; it starts the next one.
                     if let Some(active) = tx.entry.chat.active_turn.clone() {
@@ -292,15 +349,22 @@ impl<S: Store> Host<S> {
             }
             StateAction::ChatPendingMessageRemoved(a) => {
                 let exists = match a.kind {
-                    PendingMessageKind::Steering => chat.steering_message.as_ref().is_some_and(|m| m.id == a.id),
-                    PendingMessageKind::Queued => {
-                        chat.queued_messages.as_ref().is_some_and(|q| q.iter().any(|m| m.id == a.id))
+                    PendingMessageKind::Steering => {
+                        chat.steering_message.as_ref().is_some_and(|m| m.id == a.id)
                     }
+                    PendingMessageKind::Queued => chat
+                        .queued_messages
+                        .as_ref()
+                        .is_some_and(|q| q.iter().any(|m| m.id == a.id)),
                 };
                 if !exists {
                     return Err(RpcError::conflict("Pending message not found"));
                 }
-                tx.emit(Which::Chat, StateAction::ChatPendingMessageRemoved(a), Some(origin))
+                tx.emit(
+                    Which::Chat,
+                    StateAction::ChatPendingMessageRemoved(a),
+                    Some(origin),
+                )
             }
             StateAction::ChatTurnCancelled(a) => {
                 if chat.active_turn.as_ref().is_none_or(|t| t.id != a.turn_id) {
@@ -312,8 +376,12 @@ impl<S: Store> Host<S> {
                 // Tool calls come from executors (AXP), and none holds a lease on this chat.
                 Err(RpcError::new(STALE, "Executor is no longer available"))
             }
-            StateAction::Unknown(_) => Err(RpcError::invalid_params("Invalid AHP action: unknown action type")),
-            _ => Err(RpcError::forbidden("This AHP interaction is not supported by this host")),
+            StateAction::Unknown(_) => Err(RpcError::invalid_params(
+                "Invalid AHP action: unknown action type",
+            )),
+            _ => Err(RpcError::forbidden(
+                "This AHP interaction is not supported by this host",
+            )),
         }
     }
 
@@ -323,14 +391,24 @@ impl<S: Store> Host<S> {
         if chat.active_turn.is_some() {
             return Ok(());
         }
-        let next = match (&chat.steering_message, chat.queued_messages.as_ref().and_then(|q| q.first())) {
+        let next = match (
+            &chat.steering_message,
+            chat.queued_messages.as_ref().and_then(|q| q.first()),
+        ) {
             (Some(m), _) => (PendingMessageKind::Steering, m.clone()),
             (None, Some(m)) => (PendingMessageKind::Queued, m.clone()),
             (None, None) => return Ok(()),
         };
         let (kind, pending) = next;
-        let removed = ChatPendingMessageRemovedAction { kind, id: pending.id.clone() };
-        tx.emit(Which::Chat, StateAction::ChatPendingMessageRemoved(removed), None)?;
+        let removed = ChatPendingMessageRemovedAction {
+            kind,
+            id: pending.id.clone(),
+        };
+        tx.emit(
+            Which::Chat,
+            StateAction::ChatPendingMessageRemoved(removed),
+            None,
+        )?;
         let started = ChatTurnStartedAction {
             turn_id: self.uuid(),
             started_at: iso8601(now_ms),
@@ -373,12 +451,22 @@ impl<S: Store> Host<S> {
             self.clients.insert(c.client_id.clone(), c);
         }
         let id = tx.entry.id.clone();
-        let summary_before = self.sessions.get(&id).map(|e| (e.session.title.clone(), e.summary_status(), e.modified_at().to_owned()));
+        let summary_before = self.sessions.get(&id).map(|e| {
+            (
+                e.session.title.clone(),
+                e.summary_status(),
+                e.modified_at().to_owned(),
+            )
+        });
         self.sessions.insert(id.clone(), tx.entry);
         for event in change.events {
             let frame = wire::notification_frame("action", &event.envelope);
             let channel = event.channel;
-            self.seq.commit(Sequenced { seq: event.seq, channel: channel.as_str().into(), envelope: event.envelope.into() });
+            self.seq.commit(Sequenced {
+                seq: event.seq,
+                channel: channel.as_str().into(),
+                envelope: event.envelope.into(),
+            });
             self.broadcast(&channel, &frame);
         }
         if tx.touched.session {
@@ -389,8 +477,14 @@ impl<S: Store> Host<S> {
 
     /// `root/sessionSummaryChanged` with the fields that changed, to root subscribers in scope.
     fn summary_changed(&mut self, id: &str, before: Option<(String, u32, String)>) {
-        let Some(entry) = self.sessions.get(id) else { return };
-        let (title, status, modified) = (entry.session.title.clone(), entry.summary_status(), entry.modified_at().to_owned());
+        let Some(entry) = self.sessions.get(id) else {
+            return;
+        };
+        let (title, status, modified) = (
+            entry.session.title.clone(),
+            entry.summary_status(),
+            entry.modified_at().to_owned(),
+        );
         let mut changes = PartialSessionSummary::default();
         let (t0, s0, m0) = before.unwrap_or_default();
         if title != t0 {
@@ -405,8 +499,14 @@ impl<S: Store> Host<S> {
         if changes == PartialSessionSummary::default() {
             return;
         }
-        let params = SessionSummaryChangedParams { channel: ROOT.into(), session: session_uri(id), changes };
-        let Ok(params) = serde_json::to_string(&params) else { return };
+        let params = SessionSummaryChangedParams {
+            channel: ROOT.into(),
+            session: session_uri(id),
+            changes,
+        };
+        let Ok(params) = serde_json::to_string(&params) else {
+            return;
+        };
         let frame = wire::notification_frame("root/sessionSummaryChanged", &params);
         self.notify_root(id, &frame);
     }
@@ -432,8 +532,14 @@ mod tests {
     #[test]
     fn canonical_json_sorts_keys_at_every_depth() {
         let v = json!({"b": 1, "a": {"d": [1, {"f": 2, "e": 3}], "c": "x"}});
-        assert_eq!(canonical(&v), r#"{"a":{"c":"x","d":[1,{"e":3,"f":2}]},"b":1}"#);
-        assert_eq!(fingerprint("m", &json!({"x":1, "y":2})), fingerprint("m", &json!({"y":2, "x":1})));
+        assert_eq!(
+            canonical(&v),
+            r#"{"a":{"c":"x","d":[1,{"e":3,"f":2}]},"b":1}"#
+        );
+        assert_eq!(
+            fingerprint("m", &json!({"x":1, "y":2})),
+            fingerprint("m", &json!({"y":2, "x":1}))
+        );
     }
 
     #[test]

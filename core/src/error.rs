@@ -54,7 +54,11 @@ pub struct RpcError {
 impl RpcError {
     /// An error with a code and message.
     pub fn new(code: i64, message: impl Into<Cow<'static, str>>) -> RpcError {
-        RpcError { code, message: message.into(), data: None }
+        RpcError {
+            code,
+            message: message.into(),
+            data: None,
+        }
     }
 
     /// Adds structured data.
@@ -90,6 +94,9 @@ impl RpcError {
 
     /// `-32603`: the store refused the change; nothing was applied.
     pub fn commit_failed() -> RpcError {
-        RpcError::new(INTERNAL_ERROR, "The host could not save this change; nothing was applied")
+        RpcError::new(
+            INTERNAL_ERROR,
+            "The host could not save this change; nothing was applied",
+        )
     }
 }

@@ -38,7 +38,10 @@ fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
     let mut parts = v.split('.');
     let mut next = || -> Option<u64> {
         let p = parts.next()?;
-        if p.is_empty() || (p.len() > 1 && p.starts_with('0')) || !p.bytes().all(|b| b.is_ascii_digit()) {
+        if p.is_empty()
+            || (p.len() > 1 && p.starts_with('0'))
+            || !p.bytes().all(|b| b.is_ascii_digit())
+        {
             return None;
         }
         p.parse().ok()
@@ -51,8 +54,9 @@ fn parse_version(v: &str) -> Option<(u64, u64, u64)> {
 pub(crate) fn negotiate(offered: &[String]) -> Result<Option<String>, RpcError> {
     let mut best: Option<((u64, u64, u64), &String)> = None;
     for v in offered {
-        let parsed = parse_version(v)
-            .ok_or_else(|| RpcError::invalid_params("protocolVersions holds a malformed version"))?;
+        let parsed = parse_version(v).ok_or_else(|| {
+            RpcError::invalid_params("protocolVersions holds a malformed version")
+        })?;
         if parsed.0 == 0 && parsed.1 == 9 && best.is_none_or(|(b, _)| parsed > b) {
             best = Some((parsed, v));
         }
@@ -61,13 +65,23 @@ pub(crate) fn negotiate(offered: &[String]) -> Result<Option<String>, RpcError> 
 }
 
 impl<S: Store> Host<S> {
-    pub(crate) fn initialize(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<String, RpcError> {
+    pub(crate) fn initialize(
+        &mut self,
+        conn: ConnId,
+        params: Option<&RawValue>,
+    ) -> Result<String, RpcError> {
         let p: InitializeParams = parse_params(params)?;
-        if self.conns.get(conn).is_some_and(|c| matches!(c.phase, Phase::Ready { .. })) {
+        if self
+            .conns
+            .get(conn)
+            .is_some_and(|c| matches!(c.phase, Phase::Ready { .. }))
+        {
             return Err(RpcError::conflict("Connection already initialized"));
         }
         if p.channel != channel::ROOT {
-            return Err(RpcError::invalid_params("initialize belongs on ahp-root://"));
+            return Err(RpcError::invalid_params(
+                "initialize belongs on ahp-root://",
+            ));
         }
         let limits = &self.config.limits;
         if p.protocol_versions.len() > limits.protocol_versions_max as usize {
@@ -77,8 +91,11 @@ impl<S: Store> Host<S> {
             return Err(RpcError::limit("Subscription limit reached"));
         }
         let Some(version) = negotiate(&p.protocol_versions)? else {
-            return Err(RpcError::new(UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version")
-                .with_data(json!({ "supportedVersions": SUPPORTED_PROTOCOL_VERSIONS })));
+            return Err(RpcError::new(
+                UNSUPPORTED_PROTOCOL_VERSION,
+                "Unsupported protocol version",
+            )
+            .with_data(json!({ "supportedVersions": SUPPORTED_PROTOCOL_VERSIONS })));
         };
         let principal = self.principal(conn)?;
         for uri in &p.initial_subscriptions {
@@ -93,7 +110,10 @@ impl<S: Store> Host<S> {
                 self.conns.subscribe(conn, uri);
             }
         }
-        let last_client_seq = self.clients.get(&p.client_id).map_or(0, |c| c.last_client_seq);
+        let last_client_seq = self
+            .clients
+            .get(&p.client_id)
+            .map_or(0, |c| c.last_client_seq);
         let result = json!({
             "protocolVersion": version,
             "serverSeq": self.seq.current(),
@@ -112,8 +132,16 @@ impl<S: Store> Host<S> {
         Ok(result.to_string())
     }
 
-    pub(crate) fn reconnect(&mut self, conn: ConnId, first: bool, params: Option<&RawValue>) -> Result<String, RpcError> {
-        let ready = self.conns.get(conn).is_some_and(|c| matches!(c.phase, Phase::Ready { .. }));
+    pub(crate) fn reconnect(
+        &mut self,
+        conn: ConnId,
+        first: bool,
+        params: Option<&RawValue>,
+    ) -> Result<String, RpcError> {
+        let ready = self
+            .conns
+            .get(conn)
+            .is_some_and(|c| matches!(c.phase, Phase::Ready { .. }));
         if !first || ready {
             return Err(RpcError::conflict("Reconnect requires a fresh connection"));
         }
@@ -142,7 +170,9 @@ impl<S: Store> Host<S> {
         }
         self.become_ready(conn, &p.client_id);
         let budget = self.config.limits.replay_events_max;
-        let replay = self.seq.replay(p.last_seen_server_seq, budget, |c| resumed.iter().any(|r| r == c));
+        let replay = self.seq.replay(p.last_seen_server_seq, budget, |c| {
+            resumed.iter().any(|r| r == c)
+        });
         let missing = Value::Array(missing).to_string();
         let result = match replay {
             Some(envelopes) => {
@@ -159,7 +189,8 @@ impl<S: Store> Host<S> {
                 out
             }
             None => {
-                let snapshots: Vec<Value> = resumed.iter().filter_map(|u| self.snapshot(u)).collect();
+                let snapshots: Vec<Value> =
+                    resumed.iter().filter_map(|u| self.snapshot(u)).collect();
                 format!(
                     "{{\"type\":\"snapshot\",\"snapshots\":{},\"missing\":{}}}",
                     Value::Array(snapshots),
@@ -182,7 +213,9 @@ impl<S: Store> Host<S> {
         }
         match self.clients.get(client_id) {
             Some(c) if c.owner == principal.id => Ok(()),
-            Some(_) => Err(RpcError::forbidden("Client identity belongs to another principal")),
+            Some(_) => Err(RpcError::forbidden(
+                "Client identity belongs to another principal",
+            )),
             None => {
                 let record = ClientRecord {
                     client_id: client_id.to_owned(),
@@ -204,7 +237,9 @@ impl<S: Store> Host<S> {
     fn become_ready(&mut self, conn: ConnId, client_id: &str) {
         self.timers.disarm(Timer::Handshake(conn));
         if let Some(c) = self.conns.get_mut(conn) {
-            c.phase = Phase::Ready { client_id: client_id.to_owned() };
+            c.phase = Phase::Ready {
+                client_id: client_id.to_owned(),
+            };
         }
     }
 
@@ -235,7 +270,10 @@ mod tests {
     #[test]
     fn negotiation_picks_the_highest_supported_offer() {
         assert_eq!(negotiate(&v(&["0.9.0"])), Ok(Some("0.9.0".into())));
-        assert_eq!(negotiate(&v(&["0.9.0", "0.9.3", "1.0.0"])), Ok(Some("0.9.3".into())));
+        assert_eq!(
+            negotiate(&v(&["0.9.0", "0.9.3", "1.0.0"])),
+            Ok(Some("0.9.3".into()))
+        );
         assert_eq!(negotiate(&v(&["1.0.0", "0.8.0"])), Ok(None));
         assert_eq!(negotiate(&v(&[])), Ok(None));
         assert!(negotiate(&v(&["0.09.0"])).is_err());

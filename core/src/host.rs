@@ -144,7 +144,9 @@ impl<S: Store> Host<S> {
     /// host generates: same config, store contents, seed and inputs give the same outputs.
     pub fn new(config: HostConfig, mut store: S, seed: u64) -> Result<Host<S>, HostError> {
         config.limits.validate().map_err(HostError::Limits)?;
-        let loaded = store.load(config.limits.replay_events_max).map_err(HostError::Store)?;
+        let loaded = store
+            .load(config.limits.replay_events_max)
+            .map_err(HostError::Store)?;
         let records: BTreeMap<String, String> = loaded.records.into_iter().collect();
         let mut sessions = BTreeMap::new();
         for key in records.keys() {
@@ -154,9 +156,17 @@ impl<S: Store> Host<S> {
                 sessions.insert(id.to_owned(), entry);
             }
         }
-        let clients = loaded.clients.into_iter().map(|c| (c.client_id.clone(), c)).collect();
+        let clients = loaded
+            .clients
+            .into_iter()
+            .map(|c| (c.client_id.clone(), c))
+            .collect();
         Ok(Host {
-            seq: Sequencer::new(loaded.server_seq, loaded.events_tail, config.limits.replay_events_max),
+            seq: Sequencer::new(
+                loaded.server_seq,
+                loaded.events_tail,
+                config.limits.replay_events_max,
+            ),
             config,
             store,
             rng: ChaCha8Rng::seed_from_u64(seed),
@@ -196,9 +206,17 @@ impl<S: Store> Host<S> {
         while let Some(timer) = self.timers.pop_due(self.now.mono) {
             match timer {
                 Timer::Handshake(conn) => {
-                    let waiting = self.conns.get(conn).is_some_and(|c| c.phase == Phase::Handshake);
+                    let waiting = self
+                        .conns
+                        .get(conn)
+                        .is_some_and(|c| c.phase == Phase::Handshake);
                     if waiting {
-                        self.conns.close(&mut self.outbox, conn, CloseCode::Policy, "Initialize required");
+                        self.conns.close(
+                            &mut self.outbox,
+                            conn,
+                            CloseCode::Policy,
+                            "Initialize required",
+                        );
                     }
                 }
             }
@@ -245,16 +263,20 @@ impl<S: Store> Host<S> {
             ChannelRef::Root => Some(self.root_state.clone()),
             ChannelRef::Session(id) => self.sessions.get(id).map(|e| e.state_json(Which::Session)),
             ChannelRef::Chat(id) => self.sessions.get(id).map(|e| e.state_json(Which::Chat)),
-            ChannelRef::Changeset(id) => {
-                self.sessions.get(id).map(|e| e.state_json(Which::Changeset))
-            }
+            ChannelRef::Changeset(id) => self
+                .sessions
+                .get(id)
+                .map(|e| e.state_json(Which::Changeset)),
             ChannelRef::Unknown => None,
         }
     }
 
     /// (A) The channels `conn` is subscribed to.
     pub fn subscriptions(&self, conn: ConnId) -> Vec<String> {
-        self.conns.get(conn).map(|c| c.subscriptions.iter().cloned().collect()).unwrap_or_default()
+        self.conns
+            .get(conn)
+            .map(|c| c.subscriptions.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// (A) Bytes queued for `conn` and not yet reported flushed.
@@ -282,10 +304,18 @@ impl<S: Store> Host<S> {
         let full = self.conns.len() >= self.config.limits.connections_max as usize;
         self.conns.insert(conn, principal);
         if full {
-            self.conns.close(&mut self.outbox, conn, CloseCode::TryAgainLater, "Too many connections");
+            self.conns.close(
+                &mut self.outbox,
+                conn,
+                CloseCode::TryAgainLater,
+                "Too many connections",
+            );
             return;
         }
-        let deadline = self.now.mono.plus_ms(self.config.limits.handshake_timeout_ms);
+        let deadline = self
+            .now
+            .mono
+            .plus_ms(self.config.limits.handshake_timeout_ms);
         self.timers.arm(Timer::Handshake(conn), deadline);
     }
 
@@ -319,15 +349,26 @@ impl<S: Store> Host<S> {
         }
     }
 
-    fn on_request(&mut self, conn: ConnId, first: bool, id: &str, method: &str, params: Option<&RawValue>) {
-        let ready = self.conns.get(conn).is_some_and(|c| matches!(c.phase, Phase::Ready { .. }));
+    fn on_request(
+        &mut self,
+        conn: ConnId,
+        first: bool,
+        id: &str,
+        method: &str,
+        params: Option<&RawValue>,
+    ) {
+        let ready = self
+            .conns
+            .get(conn)
+            .is_some_and(|c| matches!(c.phase, Phase::Ready { .. }));
         let outcome = match method {
             "ping" => Ok("null".to_owned()),
             "initialize" => self.initialize(conn, params),
             "reconnect" => self.reconnect(conn, first, params),
-            _ if !ready => {
-                Err(RpcError::new(PERMISSION_DENIED, "Initialize before using sessions"))
-            }
+            _ if !ready => Err(RpcError::new(
+                PERMISSION_DENIED,
+                "Initialize before using sessions",
+            )),
             "subscribe" => self.subscribe(conn, params),
             "unsubscribe" => self.unsubscribe(conn, params).map(|()| "null".to_owned()),
             "createSession" => self.create_session(conn, params),
@@ -344,14 +385,22 @@ impl<S: Store> Host<S> {
             Err(e) => {
                 self.reply_error(conn, id, &e);
                 if e.code == crate::error::UNSUPPORTED_PROTOCOL_VERSION {
-                    self.conns.close(&mut self.outbox, conn, CloseCode::Policy, "Unsupported protocol version");
+                    self.conns.close(
+                        &mut self.outbox,
+                        conn,
+                        CloseCode::Policy,
+                        "Unsupported protocol version",
+                    );
                 }
             }
         }
     }
 
     fn on_notification(&mut self, conn: ConnId, method: &str, params: Option<&RawValue>) {
-        let ready = self.conns.get(conn).is_some_and(|c| matches!(c.phase, Phase::Ready { .. }));
+        let ready = self
+            .conns
+            .get(conn)
+            .is_some_and(|c| matches!(c.phase, Phase::Ready { .. }));
         if !ready {
             self.stats.notifications_dropped += 1;
             return;
@@ -369,7 +418,11 @@ impl<S: Store> Host<S> {
 
     /// Queues a frame for one connection through the byte-accounting door.
     pub(crate) fn reply(&mut self, conn: ConnId, frame: Frame) {
-        if self.conns.enqueue(&mut self.outbox, conn, frame, &self.config.limits) == Enqueued::Closing {
+        if self
+            .conns
+            .enqueue(&mut self.outbox, conn, frame, &self.config.limits)
+            == Enqueued::Closing
+        {
             self.stats.slow_consumer_closes += 1;
         }
     }
@@ -389,7 +442,10 @@ impl<S: Store> Host<S> {
     /// Sends a root notification to root subscribers allowed to read session `id`.
     pub(crate) fn notify_root(&mut self, session_id: &str, frame: &Frame) {
         for conn in self.conns.subscribers(ROOT) {
-            let allowed = self.conns.get(conn).is_some_and(|c| c.principal.can_read_session(session_id));
+            let allowed = self
+                .conns
+                .get(conn)
+                .is_some_and(|c| c.principal.can_read_session(session_id));
             if allowed {
                 self.reply(conn, frame.clone());
             }
@@ -403,7 +459,14 @@ impl<S: Store> Host<S> {
         b[6] = (b[6] & 0x0f) | 0x40;
         b[8] = (b[8] & 0x3f) | 0x80;
         let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-        format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+        format!(
+            "{}-{}-{}-{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        )
     }
 
     /// Checks that `principal` may read `uri` and that it exists.
@@ -444,7 +507,9 @@ impl<S: Store> Host<S> {
             return Err(RpcError::limit("Subscription limit reached"));
         }
         // Snapshot and registration happen in one step: nothing can be sequenced between them.
-        let snapshot = self.snapshot(&p.channel).ok_or_else(|| RpcError::not_found("Unknown channel"))?;
+        let snapshot = self
+            .snapshot(&p.channel)
+            .ok_or_else(|| RpcError::not_found("Unknown channel"))?;
         self.conns.subscribe(conn, &p.channel);
         Ok(json!({ "snapshot": snapshot }).to_string())
     }
@@ -455,7 +520,11 @@ impl<S: Store> Host<S> {
         Ok(())
     }
 
-    fn resource_read(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<String, RpcError> {
+    fn resource_read(
+        &mut self,
+        conn: ConnId,
+        params: Option<&RawValue>,
+    ) -> Result<String, RpcError> {
         #[derive(Deserialize)]
         struct P {
             uri: String,
@@ -466,7 +535,10 @@ impl<S: Store> Host<S> {
             return Err(RpcError::forbidden("Only AXP blob resources are readable"));
         };
         // `axp-blob:/<encoded exchange channel>/<sha256>`: the owning session decides access.
-        let channel = rest.rsplit_once('/').map(|(c, _)| percent_decode(c)).unwrap_or_default();
+        let channel = rest
+            .rsplit_once('/')
+            .map(|(c, _)| percent_decode(c))
+            .unwrap_or_default();
         let session = channel.strip_prefix("axp-session:/").unwrap_or_default();
         if !channel::valid_session_id(session) {
             return Err(RpcError::not_found("Blob not found"));
@@ -499,9 +571,12 @@ pub(crate) struct ChannelParams {
 }
 
 /// Decodes params into `T`, or a `-32602` naming what is wrong.
-pub(crate) fn parse_params<'a, T: Deserialize<'a>>(params: Option<&'a RawValue>) -> Result<T, RpcError> {
+pub(crate) fn parse_params<'a, T: Deserialize<'a>>(
+    params: Option<&'a RawValue>,
+) -> Result<T, RpcError> {
     let text = params.map_or("null", RawValue::get);
-    serde_json::from_str(text).map_err(|e| RpcError::invalid_params(format!("Invalid parameters: {e}")))
+    serde_json::from_str(text)
+        .map_err(|e| RpcError::invalid_params(format!("Invalid parameters: {e}")))
 }
 
 fn percent_decode(s: &str) -> String {
@@ -509,8 +584,10 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() + 0 && i + 2 <= b.len() - 1 {
-            let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = std::str::from_utf8(&b[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
             if let Some(v) = hex {
                 out.push(v);
                 i += 3;
@@ -522,4 +599,3 @@ fn percent_decode(s: &str) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
-

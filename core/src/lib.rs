@@ -79,5 +79,9 @@ pub use limits::Limits;
 pub use output::{CloseCode, Frame, Output};
 pub use principal::{session_id_from_scope_entry, Principal, Role, SessionScope};
 pub use session::{AXP_CAPABILITY, AXP_VERSION};
-pub use store::{Change, ClientRecord, Event, Loaded, MemStore, Receipt, RecordWrite, Store, StoreError};
+pub use store::{
+    Change, ClientRecord, Event, Loaded, MemStore, Receipt, RecordWrite, Store, StoreError,
+};
 pub use time::{iso8601, Instant, Now};
+#[cfg(test)]
+mod tests;

@@ -89,10 +89,14 @@ impl Limits {
             return Err(LimitsError("message_bytes_max must be at least 1024"));
         }
         if self.frame_bytes_max < self.message_bytes_max {
-            return Err(LimitsError("frame_bytes_max must be at least message_bytes_max"));
+            return Err(LimitsError(
+                "frame_bytes_max must be at least message_bytes_max",
+            ));
         }
         if self.queue_bytes_hard < u64::from(self.message_bytes_max) {
-            return Err(LimitsError("queue_bytes_hard must be at least message_bytes_max"));
+            return Err(LimitsError(
+                "queue_bytes_hard must be at least message_bytes_max",
+            ));
         }
         if self.handshake_timeout_ms == 0 {
             return Err(LimitsError("handshake_timeout_ms must be positive"));
@@ -119,9 +123,15 @@ mod tests {
 
     #[test]
     fn inconsistent_limits_are_refused() {
-        let l = Limits { frame_bytes_max: 1024, ..Limits::default() };
+        let l = Limits {
+            frame_bytes_max: 1024,
+            ..Limits::default()
+        };
         assert!(l.validate().is_err());
-        let l = Limits { queue_bytes_hard: 10, ..Limits::default() };
+        let l = Limits {
+            queue_bytes_hard: 10,
+            ..Limits::default()
+        };
         assert!(l.validate().is_err());
     }
 }

@@ -77,7 +77,11 @@ impl Principal {
 
     /// A principal with every permission; for tests and the simulator.
     pub fn maintainer(id: &str) -> Principal {
-        Principal { id: id.to_owned(), role: Role::Maintainer, sessions: SessionScope::All }
+        Principal {
+            id: id.to_owned(),
+            role: Role::Maintainer,
+            sessions: SessionScope::All,
+        }
     }
 }
 
@@ -97,7 +101,12 @@ mod tests {
 
     #[test]
     fn roles_round_trip() {
-        for r in [Role::Maintainer, Role::Contributor, Role::Verifier, Role::Observer] {
+        for r in [
+            Role::Maintainer,
+            Role::Contributor,
+            Role::Verifier,
+            Role::Observer,
+        ] {
             assert_eq!(Role::parse(r.as_str()), Some(r));
         }
         assert_eq!(Role::parse("admin"), None);

@@ -30,10 +30,23 @@ impl Sequencer {
     /// Resumes from the store: `seq` is the committed high-water mark and `tail` its newest
     /// events, oldest first.
     pub(crate) fn new(seq: u64, tail: Vec<Event>, ring_max: u32) -> Sequencer {
-        let mut s = Sequencer { seq, ring: VecDeque::new(), ring_max: ring_max as usize };
+        let mut s = Sequencer {
+            seq,
+            ring: VecDeque::new(),
+            ring_max: ring_max as usize,
+        };
         for e in tail {
-            assert!(e.seq <= seq, "stored event {} beyond stored serverSeq {}", e.seq, seq);
-            s.push(Sequenced { seq: e.seq, channel: e.channel.into(), envelope: e.envelope.into() });
+            assert!(
+                e.seq <= seq,
+                "stored event {} beyond stored serverSeq {}",
+                e.seq,
+                seq
+            );
+            s.push(Sequenced {
+                seq: e.seq,
+                channel: e.channel.into(),
+                envelope: e.envelope.into(),
+            });
         }
         s
     }
@@ -95,7 +108,11 @@ mod tests {
     use super::*;
 
     fn ev(seq: u64, channel: &str) -> Sequenced {
-        Sequenced { seq, channel: channel.into(), envelope: format!("{{\"s\":{seq}}}").into() }
+        Sequenced {
+            seq,
+            channel: channel.into(),
+            envelope: format!("{{\"s\":{seq}}}").into(),
+        }
     }
 
     #[test]
@@ -106,8 +123,14 @@ mod tests {
         }
         assert_eq!(s.current(), 5);
         let got = s.replay(2, 100, |c| c == "a").expect("covered");
-        assert_eq!(got.iter().map(|e| e.as_ref()).collect::<Vec<_>>(), vec![r#"{"s":4}"#]);
-        assert!(s.replay(1, 100, |_| true).is_none(), "event 2 fell out of the ring");
+        assert_eq!(
+            got.iter().map(|e| e.as_ref()).collect::<Vec<_>>(),
+            vec![r#"{"s":4}"#]
+        );
+        assert!(
+            s.replay(1, 100, |_| true).is_none(),
+            "event 2 fell out of the ring"
+        );
         assert!(s.replay(3, 1, |_| true).is_none(), "over the budget");
         assert_eq!(s.replay(5, 0, |_| true).map(|v| v.len()), Some(0));
     }

@@ -2,8 +2,8 @@
 //! `ahp-chat:/ID` and its changeset `ahp-changeset:/ID`, shaped as the AXP host creates them.
 
 use ahp_types::state::{
-    AgentInfo, ChangesetState, ChangesetStatus, ChatState, ChatSummary, RootState, SessionLifecycle,
-    SessionState, SessionSummary,
+    AgentInfo, ChangesetState, ChangesetStatus, ChatState, ChatSummary, RootState,
+    SessionLifecycle, SessionState, SessionSummary,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -50,7 +50,12 @@ pub(crate) struct Touched {
 }
 
 impl Touched {
-    pub(crate) const ALL: Touched = Touched { meta: true, session: true, chat: true, changeset: true };
+    pub(crate) const ALL: Touched = Touched {
+        meta: true,
+        session: true,
+        chat: true,
+        changeset: true,
+    };
 }
 
 fn meta_key(id: &str) -> String {
@@ -98,7 +103,11 @@ impl SessionEntry {
         debug_assert_eq!(session.lifecycle, SessionLifecycle::Ready);
         SessionEntry {
             id: id.to_owned(),
-            meta: SessionMeta { task, created_at_ms: now_ms, closed: false },
+            meta: SessionMeta {
+                task,
+                created_at_ms: now_ms,
+                closed: false,
+            },
             session,
             chat: chat_state,
             changeset: ChangesetState {
@@ -113,25 +122,45 @@ impl SessionEntry {
     /// The state records this entry writes for the parts `touched`.
     pub(crate) fn records(&self, touched: Touched) -> Vec<RecordWrite> {
         let mut out = Vec::new();
-        let mut put = |key: String, value: String| out.push(RecordWrite { key, value: Some(value) });
+        let mut put = |key: String, value: String| {
+            out.push(RecordWrite {
+                key,
+                value: Some(value),
+            })
+        };
         // Serializing these typed states cannot fail: every map key is a string.
         if touched.meta {
-            put(meta_key(&self.id), serde_json::to_string(&self.meta).unwrap_or_default());
+            put(
+                meta_key(&self.id),
+                serde_json::to_string(&self.meta).unwrap_or_default(),
+            );
         }
         if touched.session {
-            put(session_uri(&self.id), serde_json::to_string(&self.session).unwrap_or_default());
+            put(
+                session_uri(&self.id),
+                serde_json::to_string(&self.session).unwrap_or_default(),
+            );
         }
         if touched.chat {
-            put(chat_uri(&self.id), serde_json::to_string(&self.chat).unwrap_or_default());
+            put(
+                chat_uri(&self.id),
+                serde_json::to_string(&self.chat).unwrap_or_default(),
+            );
         }
         if touched.changeset {
-            put(changeset_uri(&self.id), serde_json::to_string(&self.changeset).unwrap_or_default());
+            put(
+                changeset_uri(&self.id),
+                serde_json::to_string(&self.changeset).unwrap_or_default(),
+            );
         }
         out
     }
 
     /// Rebuilds an entry from stored records; `None` if any is missing or unreadable.
-    pub(crate) fn from_records(id: &str, get: impl Fn(&str) -> Option<String>) -> Option<SessionEntry> {
+    pub(crate) fn from_records(
+        id: &str,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Option<SessionEntry> {
         Some(SessionEntry {
             id: id.to_owned(),
             meta: serde_json::from_str(&get(&meta_key(id))?).ok()?,
@@ -148,12 +177,18 @@ impl SessionEntry {
 
     /// Status shown in summaries: the default chat's, else the session's.
     pub(crate) fn summary_status(&self) -> u32 {
-        self.session.chats.first().map_or(self.session.status, |c: &ChatSummary| c.status)
+        self.session
+            .chats
+            .first()
+            .map_or(self.session.status, |c: &ChatSummary| c.status)
     }
 
     /// `modifiedAt` shown in summaries: the default chat's.
     pub(crate) fn modified_at(&self) -> &str {
-        self.session.chats.first().map_or(self.chat.modified_at.as_str(), |c| c.modified_at.as_str())
+        self.session
+            .chats
+            .first()
+            .map_or(self.chat.modified_at.as_str(), |c| c.modified_at.as_str())
     }
 
     /// The listSessions / root notification summary.
@@ -214,7 +249,10 @@ pub(crate) fn root_state() -> Value {
     };
     let mut v = serde_json::to_value(root).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut v {
-        m.insert("_meta".into(), json!({ AXP_CAPABILITY: { "version": AXP_VERSION } }));
+        m.insert(
+            "_meta".into(),
+            json!({ AXP_CAPABILITY: { "version": AXP_VERSION } }),
+        );
     }
     v
 }
@@ -230,7 +268,12 @@ mod tests {
         assert_eq!(e.session.default_chat.as_deref(), Some("ahp-chat:/s1"));
         let records = e.records(Touched::ALL);
         assert_eq!(records.len(), 4);
-        let get = |k: &str| records.iter().find(|r| r.key == k).and_then(|r| r.value.clone());
+        let get = |k: &str| {
+            records
+                .iter()
+                .find(|r| r.key == k)
+                .and_then(|r| r.value.clone())
+        };
         let back = SessionEntry::from_records("s1", get).expect("rebuilt");
         assert_eq!(back.session, e.session);
         assert_eq!(back.chat, e.chat);
@@ -283,21 +326,35 @@ mod commands {
         cursor: Option<String>,
     }
 
-    fn config_string(config: &Option<serde_json::Map<String, Value>>, key: &str, max: usize) -> Result<Option<String>, RpcError> {
+    fn config_string(
+        config: &Option<serde_json::Map<String, Value>>,
+        key: &str,
+        max: usize,
+    ) -> Result<Option<String>, RpcError> {
         match config.as_ref().and_then(|c| c.get(key)) {
             None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) if !s.trim().is_empty() && s.chars().count() <= max => Ok(Some(s.clone())),
-            Some(_) => Err(RpcError::invalid_params(format!("config.{key} must be a non-blank string of at most {max} characters"))),
+            Some(Value::String(s)) if !s.trim().is_empty() && s.chars().count() <= max => {
+                Ok(Some(s.clone()))
+            }
+            Some(_) => Err(RpcError::invalid_params(format!(
+                "config.{key} must be a non-blank string of at most {max} characters"
+            ))),
         }
     }
 
     /// Sort key for listSessions: newest `modifiedAt` first, then resource.
     fn modified_ms(iso: &str) -> i64 {
-        iso.parse::<jiff::Timestamp>().map(|t| t.as_millisecond()).unwrap_or(0)
+        iso.parse::<jiff::Timestamp>()
+            .map(|t| t.as_millisecond())
+            .unwrap_or(0)
     }
 
     impl<S: Store> Host<S> {
-        pub(crate) fn create_session(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<String, RpcError> {
+        pub(crate) fn create_session(
+            &mut self,
+            conn: ConnId,
+            params: Option<&RawValue>,
+        ) -> Result<String, RpcError> {
             let p: CreateParams = parse_params(params)?;
             let principal = self.principal(conn)?;
             if principal.role != Role::Maintainer {
@@ -308,7 +365,11 @@ mod commands {
                 .strip_prefix("ahp-session:/")
                 .or_else(|| p.channel.strip_prefix("axp-session:/"))
                 .filter(|id| channel::valid_session_id(id))
-                .ok_or_else(|| RpcError::invalid_params("createSession needs a session URI like ahp-session:/ID"))?
+                .ok_or_else(|| {
+                    RpcError::invalid_params(
+                        "createSession needs a session URI like ahp-session:/ID",
+                    )
+                })?
                 .to_owned();
             if !principal.can_read_session(&id) {
                 return Err(RpcError::forbidden("You don't have access to this channel"));
@@ -316,33 +377,57 @@ mod commands {
             if p.provider.as_deref().is_some_and(|prov| prov != PROVIDER) {
                 return Err(RpcError::new(PROVIDER_NOT_FOUND, "Unknown provider"));
             }
-            let title = config_string(&p.config, "title", 256)?.unwrap_or_else(|| "Contribution session".into());
+            let title = config_string(&p.config, "title", 256)?
+                .unwrap_or_else(|| "Contribution session".into());
             let task = config_string(&p.config, "task", 512)?.unwrap_or_else(|| p.channel.clone());
             if self.sessions.contains_key(&id) {
-                return Err(RpcError::new(SESSION_ALREADY_EXISTS, "Session already exists"));
+                return Err(RpcError::new(
+                    SESSION_ALREADY_EXISTS,
+                    "Session already exists",
+                ));
             }
-            if self.sessions.values().any(|e| !e.meta.closed && e.meta.task == task) {
+            if self
+                .sessions
+                .values()
+                .any(|e| !e.meta.closed && e.meta.task == task)
+            {
                 return Err(RpcError::conflict("An open session already owns this task"));
             }
             let entry = SessionEntry::create(&id, title, task, self.now.wall_unix_ms);
-            let change = Change { server_seq: self.seq.current(), records: entry.records(Touched::ALL), ..Change::default() };
+            let change = Change {
+                server_seq: self.seq.current(),
+                records: entry.records(Touched::ALL),
+                ..Change::default()
+            };
             self.commit(&change)?;
             let summary = entry.summary();
             self.sessions.insert(id.clone(), entry);
-            let added = SessionAddedParams { channel: ROOT.into(), summary };
+            let added = SessionAddedParams {
+                channel: ROOT.into(),
+                summary,
+            };
             if let Ok(params) = serde_json::to_string(&added) {
                 self.notify_root(&id, &wire::notification_frame("root/sessionAdded", &params));
             }
             Ok("null".into())
         }
 
-        pub(crate) fn list_sessions(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<String, RpcError> {
+        pub(crate) fn list_sessions(
+            &mut self,
+            conn: ConnId,
+            params: Option<&RawValue>,
+        ) -> Result<String, RpcError> {
             let p: ListParams = match params {
                 Some(_) => parse_params(params)?,
-                None => ListParams { limit: None, cursor: None },
+                None => ListParams {
+                    limit: None,
+                    cursor: None,
+                },
             };
             let principal = self.principal(conn)?;
-            let limit = p.limit.map_or(LIST_PAGE_MAX, |l| (l as usize).clamp(1, LIST_PAGE_MAX));
+            let limit = p
+                .limit
+                .map_or(LIST_PAGE_MAX, |l| (l as usize).clamp(1, LIST_PAGE_MAX));
             let mut rows: Vec<(i64, String, &SessionEntry)> = self
                 .sessions
                 .values()
@@ -358,11 +443,17 @@ mod commands {
                         .split_once('|')
                         .and_then(|(ms, res)| Some((ms.parse::<i64>().ok()?, res)))
                         .ok_or_else(|| RpcError::invalid_params("Unknown cursor"))?;
-                    rows.iter().position(|r| (r.0 < ms) || (r.0 == ms && r.1.as_str() > res)).unwrap_or(rows.len())
+                    rows.iter()
+                        .position(|r| (r.0 < ms) || (r.0 == ms && r.1.as_str() > res))
+                        .unwrap_or(rows.len())
                 }
             };
             let page = &rows[start.min(rows.len())..];
-            let items: Vec<Value> = page.iter().take(limit).filter_map(|r| serde_json::to_value(r.2.summary()).ok()).collect();
+            let items: Vec<Value> = page
+                .iter()
+                .take(limit)
+                .filter_map(|r| serde_json::to_value(r.2.summary()).ok())
+                .collect();
             let mut result = json!({ "items": items });
             if page.len() > limit {
                 let last = &page[limit - 1];

@@ -168,7 +168,11 @@ impl Store for MemStore {
         let skip = self.events.len().saturating_sub(events_tail_max as usize);
         Ok(Loaded {
             server_seq: self.server_seq,
-            records: self.records.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            records: self
+                .records
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
             events_tail: self.events[skip..].to_vec(),
             clients: self.clients.values().cloned().collect(),
         })
@@ -179,10 +183,21 @@ impl Store for MemStore {
             self.fail_commits -= 1;
             return Err(StoreError("injected commit failure".into()));
         }
-        assert!(change.server_seq >= self.server_seq, "serverSeq went backwards in a commit");
+        assert!(
+            change.server_seq >= self.server_seq,
+            "serverSeq went backwards in a commit"
+        );
         for event in &change.events {
-            let last = self.events.last().map_or(self.server_seq, |e| e.seq.max(self.server_seq));
-            assert!(event.seq > last, "event seq {} not above {}", event.seq, last);
+            let last = self
+                .events
+                .last()
+                .map_or(self.server_seq, |e| e.seq.max(self.server_seq));
+            assert!(
+                event.seq > last,
+                "event seq {} not above {}",
+                event.seq,
+                last
+            );
             self.events.push(event.clone());
         }
         for write in &change.records {
@@ -192,7 +207,8 @@ impl Store for MemStore {
             };
         }
         if let Some(r) = &change.receipt {
-            self.receipts.insert((r.owner.clone(), r.key.clone()), r.clone());
+            self.receipts
+                .insert((r.owner.clone(), r.key.clone()), r.clone());
         }
         for c in &change.clients {
             self.clients.insert(c.client_id.clone(), c.clone());
@@ -203,7 +219,10 @@ impl Store for MemStore {
     }
 
     fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError> {
-        Ok(self.receipts.get(&(owner.to_owned(), key.to_owned())).cloned())
+        Ok(self
+            .receipts
+            .get(&(owner.to_owned(), key.to_owned()))
+            .cloned())
     }
 }
 
@@ -214,8 +233,15 @@ mod tests {
     fn change(seq: u64) -> Change {
         Change {
             server_seq: seq,
-            records: vec![RecordWrite { key: "k".into(), value: Some(format!("{seq}")) }],
-            events: vec![Event { seq, channel: "c".into(), envelope: "{}".into() }],
+            records: vec![RecordWrite {
+                key: "k".into(),
+                value: Some(format!("{seq}")),
+            }],
+            events: vec![Event {
+                seq,
+                channel: "c".into(),
+                envelope: "{}".into(),
+            }],
             receipt: None,
             clients: vec![],
         }

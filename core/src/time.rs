@@ -31,7 +31,10 @@ pub struct Now {
 impl Now {
     /// Both clocks at the same millisecond count; handy in tests and the simulator.
     pub fn at(ms: u64) -> Now {
-        Now { mono: Instant(ms), wall_unix_ms: ms }
+        Now {
+            mono: Instant(ms),
+            wall_unix_ms: ms,
+        }
     }
 }
 

@@ -86,11 +86,13 @@ where
 pub fn parse(text: &[u8]) -> Result<Message<'_>, Malformed> {
     let first = text.iter().find(|b| !b.is_ascii_whitespace());
     if first != Some(&b'{') {
-        return Err(if serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok() {
-            Malformed::NotJsonRpc("Invalid JSON-RPC request: expected one object (no batches)")
-        } else {
-            Malformed::NotJson
-        });
+        return Err(
+            if serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok() {
+                Malformed::NotJsonRpc("Invalid JSON-RPC request: expected one object (no batches)")
+            } else {
+                Malformed::NotJson
+            },
+        );
     }
     let env: RawEnvelope<'_> = match serde_json::from_slice(text) {
         Ok(env) => env,
@@ -98,19 +100,31 @@ pub fn parse(text: &[u8]) -> Result<Message<'_>, Malformed> {
         Err(_) => return Err(Malformed::NotJsonRpc("Invalid JSON-RPC request")),
     };
     if env.jsonrpc.as_deref() != Some("2.0") {
-        return Err(Malformed::NotJsonRpc("Invalid JSON-RPC request: jsonrpc must be \"2.0\""));
+        return Err(Malformed::NotJsonRpc(
+            "Invalid JSON-RPC request: jsonrpc must be \"2.0\"",
+        ));
     }
     match (env.method, env.id) {
         (Some(method), Some(id)) => {
             if !valid_id(id) {
                 return Err(Malformed::NotJsonRpc("Invalid JSON-RPC request: bad id"));
             }
-            Ok(Message::Request { id, method, params: env.params })
+            Ok(Message::Request {
+                id,
+                method,
+                params: env.params,
+            })
         }
-        (Some(method), None) => Ok(Message::Notification { method, params: env.params }),
+        (Some(method), None) => Ok(Message::Notification {
+            method,
+            params: env.params,
+        }),
         (None, Some(id)) => match (env.result, env.error) {
             (Some(r), None) => Ok(Message::Response { id, outcome: Ok(r) }),
-            (None, Some(e)) => Ok(Message::Response { id, outcome: Err(e) }),
+            (None, Some(e)) => Ok(Message::Response {
+                id,
+                outcome: Err(e),
+            }),
             _ => Err(Malformed::NotJsonRpc("Invalid JSON-RPC response")),
         },
         (None, None) => Err(Malformed::NotJsonRpc("Invalid JSON-RPC request: no method")),
@@ -119,7 +133,10 @@ pub fn parse(text: &[u8]) -> Result<Message<'_>, Malformed> {
 
 /// JSON-RPC ids are numbers, strings or null.
 fn valid_id(id: &RawValue) -> bool {
-    matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9' | b'n'))
+    matches!(
+        id.get().as_bytes().first(),
+        Some(b'"' | b'-' | b'0'..=b'9' | b'n')
+    )
 }
 
 /// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` where `result` is JSON text.
@@ -169,12 +186,17 @@ mod tests {
 
     #[test]
     fn classifies_requests_notifications_and_responses() {
-        let m = parse(br#"{"jsonrpc":"2.0","id":7,"method":"ping","params":{"channel":"ahp-root://"}}"#);
+        let m = parse(
+            br#"{"jsonrpc":"2.0","id":7,"method":"ping","params":{"channel":"ahp-root://"}}"#,
+        );
         match m {
             Ok(Message::Request { id, method, params }) => {
                 assert_eq!(id.get(), "7");
                 assert_eq!(method, "ping");
-                assert_eq!(params.map(|p| p.get()), Some(r#"{"channel":"ahp-root://"}"#));
+                assert_eq!(
+                    params.map(|p| p.get()),
+                    Some(r#"{"channel":"ahp-root://"}"#)
+                );
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -192,7 +214,10 @@ mod tests {
         ));
         assert!(matches!(
             parse(br#"{"jsonrpc":"2.0","id":3,"error":{"code":1,"message":"m"}}"#),
-            Ok(Message::Response { outcome: Err(_), .. })
+            Ok(Message::Response {
+                outcome: Err(_),
+                ..
+            })
         ));
     }
 
@@ -213,7 +238,10 @@ mod tests {
         assert_eq!(parse(b"").unwrap_err(), Malformed::NotJson);
         assert!(matches!(parse(b"[1,2]"), Err(Malformed::NotJsonRpc(_))));
         assert!(matches!(parse(b"42"), Err(Malformed::NotJsonRpc(_))));
-        assert!(matches!(parse(br#"{"id":1,"method":"ping"}"#), Err(Malformed::NotJsonRpc(_))));
+        assert!(matches!(
+            parse(br#"{"id":1,"method":"ping"}"#),
+            Err(Malformed::NotJsonRpc(_))
+        ));
         assert!(matches!(
             parse(br#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#),
             Err(Malformed::NotJsonRpc(_))

@@ -1,0 +1,721 @@
+//! Host tests through the public surface: feed inputs, collect outputs, never touch private
+//! state. Each test builds its own host with a fixed seed.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::{
+    CloseCode, ConnId, Host, HostConfig, Input, Limits, MemStore, Now, Output, Principal, Role,
+    SessionScope,
+};
+
+struct Harness {
+    host: Host<MemStore>,
+    now: u64,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        Harness::with(HostConfig::default(), MemStore::new())
+    }
+
+    fn with(config: HostConfig, store: MemStore) -> Harness {
+        Harness {
+            host: Host::new(config, store, 42).expect("host"),
+            now: 1_700_000_000_000,
+        }
+    }
+
+    fn limits(limits: Limits) -> Harness {
+        Harness::with(
+            HostConfig {
+                limits,
+                ..HostConfig::default()
+            },
+            MemStore::new(),
+        )
+    }
+
+    fn now(&mut self) -> Now {
+        self.now += 1;
+        Now {
+            mono: crate::Instant(self.now - 1_700_000_000_000),
+            wall_unix_ms: self.now,
+        }
+    }
+
+    fn connect(&mut self, conn: u64, principal: Principal) {
+        let now = self.now();
+        self.host.handle(
+            now,
+            Input::Connected {
+                conn: ConnId(conn),
+                principal: Arc::new(principal),
+            },
+        );
+    }
+
+    fn send(&mut self, conn: u64, msg: &Value) -> Vec<(u64, Value)> {
+        self.send_raw(conn, msg.to_string().as_bytes())
+    }
+
+    fn send_raw(&mut self, conn: u64, text: &[u8]) -> Vec<(u64, Value)> {
+        let now = self.now();
+        self.host.handle(
+            now,
+            Input::Message {
+                conn: ConnId(conn),
+                text,
+            },
+        );
+        self.drain()
+    }
+
+    /// Drains outputs; frames are acknowledged as flushed at once. Closes appear as `{"close": code}`.
+    fn drain(&mut self) -> Vec<(u64, Value)> {
+        let mut out = Vec::new();
+        while let Some(o) = self.host.poll_output() {
+            match o {
+                Output::Send { conn, frame } => {
+                    let v: Value =
+                        serde_json::from_slice(frame.as_bytes()).expect("frames are JSON");
+                    let now = self.now();
+                    self.host.handle(
+                        now,
+                        Input::Flushed {
+                            conn,
+                            bytes: frame.len() as u64,
+                        },
+                    );
+                    out.push((conn.0, v));
+                }
+                Output::Close { conn, code, .. } => {
+                    out.push((conn.0, json!({ "close": code.code() })))
+                }
+            }
+        }
+        out
+    }
+
+    fn request(&mut self, conn: u64, id: u64, method: &str, params: Value) -> Value {
+        let out = self.send(
+            conn,
+            &json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}),
+        );
+        out.into_iter()
+            .find(|(c, v)| *c == conn && v["id"] == json!(id))
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| panic!("no response to {method}"))
+    }
+
+    fn init(&mut self, conn: u64, principal: Principal, client: &str, subs: &[&str]) -> Value {
+        self.connect(conn, principal);
+        let r = self.request(conn, 1, "initialize", json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":client,"initialSubscriptions":subs}));
+        assert!(r.get("result").is_some(), "initialize failed: {r}");
+        r["result"].clone()
+    }
+
+    fn create(&mut self, conn: u64, id: &str) -> Value {
+        self.request(
+            conn,
+            2,
+            "createSession",
+            json!({"channel": format!("ahp-session:/{id}")}),
+        )
+    }
+
+    fn dispatch(&mut self, conn: u64, channel: &str, seq: u64, action: Value) -> Vec<(u64, Value)> {
+        self.send(conn, &json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":channel,"clientSeq":seq,"action":action}}))
+    }
+}
+
+fn observer(id: &str) -> Principal {
+    Principal {
+        id: id.into(),
+        role: Role::Observer,
+        sessions: SessionScope::All,
+    }
+}
+
+fn scoped(id: &str, sessions: &[&str]) -> Principal {
+    Principal {
+        id: id.into(),
+        role: Role::Maintainer,
+        sessions: SessionScope::Only(sessions.iter().map(|s| s.to_string()).collect()),
+    }
+}
+
+fn turn(id: &str, text: &str) -> Value {
+    json!({"type":"chat/turnStarted","turnId":id,"startedAt":"2020-01-01T00:00:00.000Z","message":{"text":text,"origin":{"kind":"user"}}})
+}
+
+#[test]
+fn ping_is_answered_before_initialize_and_other_methods_are_not() {
+    let mut h = Harness::new();
+    h.connect(1, Principal::maintainer("m"));
+    let r = h.request(1, 5, "ping", json!({"channel":"ahp-root://"}));
+    assert_eq!(r, json!({"jsonrpc":"2.0","id":5,"result":null}));
+    let r = h.request(1, 6, "listSessions", json!({"channel":"ahp-root://"}));
+    assert_eq!(r["error"]["code"], -32009);
+}
+
+#[test]
+fn malformed_frames_get_parse_and_request_errors_with_null_id() {
+    let mut h = Harness::new();
+    h.connect(1, Principal::maintainer("m"));
+    let out = h.send_raw(1, b"{not json");
+    assert_eq!(out[0].1["error"]["code"], -32700);
+    assert_eq!(out[0].1["id"], Value::Null);
+    let out = h.send_raw(1, b"[1,2]");
+    assert_eq!(out[0].1["error"]["code"], -32600);
+    let out = h.send_raw(1, br#"{"jsonrpc":"2.0","id":1}"#);
+    assert_eq!(out[0].1["error"]["code"], -32600);
+    h.init(2, Principal::maintainer("m"), "c2", &[]);
+    let r = h.request(2, 9, "frobnicate", json!({}));
+    assert_eq!(r["error"]["code"], -32601);
+    let r = h.request(2, 10, "subscribe", json!({"nochannel": 1}));
+    assert_eq!(r["error"]["code"], -32602);
+}
+
+#[test]
+fn initialize_negotiates_and_advertises_the_exchange() {
+    let mut h = Harness::new();
+    let r = h.init(1, Principal::maintainer("alice"), "c1", &["ahp-root://"]);
+    assert_eq!(r["protocolVersion"], "0.9.0");
+    assert_eq!(r["serverSeq"], 0);
+    assert_eq!(r["snapshots"][0]["resource"], "ahp-root://");
+    assert_eq!(r["snapshots"][0]["state"]["agents"][0]["provider"], "axp");
+    let meta = &r["_meta"]["org.axp.exchange"];
+    assert_eq!(meta["version"], "0.2.0");
+    assert_eq!(meta["role"], "maintainer");
+    assert_eq!(meta["principal"], "alice");
+    assert_eq!(meta["lastClientSeq"], 0);
+    let again = h.request(
+        1,
+        2,
+        "initialize",
+        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"c1"}),
+    );
+    assert_eq!(again["error"]["code"], -32011);
+}
+
+#[test]
+fn unsupported_version_is_refused_with_supported_versions_then_closed() {
+    let mut h = Harness::new();
+    h.connect(1, Principal::maintainer("m"));
+    let out = h.send(1, &json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"c"}}));
+    assert_eq!(out[0].1["error"]["code"], -32005);
+    assert_eq!(
+        out[0].1["error"]["data"]["supportedVersions"],
+        json!(["0.9.0"])
+    );
+    assert_eq!(out[1].1, json!({"close": 1008}));
+}
+
+#[test]
+fn a_client_id_belongs_to_the_first_principal_that_uses_it() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("alice"), "shared", &[]);
+    h.connect(2, Principal::maintainer("bob"));
+    let r = h.request(
+        2,
+        1,
+        "initialize",
+        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"shared"}),
+    );
+    assert_eq!(r["error"]["code"], -32009);
+}
+
+#[test]
+fn create_subscribe_and_turn_flow_echoes_with_origin() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]);
+    let r = h.create(1, "s1");
+    assert_eq!(r["result"], Value::Null);
+    let dup = h.create(1, "s1");
+    assert_eq!(dup["error"]["code"], -32003);
+    let sub = h.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
+    assert_eq!(sub["result"]["snapshot"]["state"]["status"], 1);
+    h.request(1, 4, "subscribe", json!({"channel":"ahp-session:/s1"}));
+    let out = h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hello"));
+    let echo = out
+        .iter()
+        .find(|(_, v)| v["params"]["channel"] == "ahp-chat:/s1")
+        .expect("echo")
+        .1
+        .clone();
+    assert_eq!(echo["method"], "action");
+    assert_eq!(echo["params"]["serverSeq"], 1);
+    assert_eq!(
+        echo["params"]["origin"],
+        json!({"clientId":"c1","clientSeq":1})
+    );
+    assert_ne!(
+        echo["params"]["action"]["startedAt"], "2020-01-01T00:00:00.000Z",
+        "host clock decides startedAt"
+    );
+    let chat_updated = out
+        .iter()
+        .find(|(_, v)| v["params"]["action"]["type"] == "session/chatUpdated")
+        .expect("sync");
+    assert_eq!(chat_updated.1["params"]["serverSeq"], 2);
+    let summary = out
+        .iter()
+        .find(|(_, v)| v["method"] == "root/sessionSummaryChanged")
+        .expect("summary");
+    assert_eq!(summary.1["params"]["session"], "ahp-session:/s1");
+    assert_eq!(
+        h.host.channel_state("ahp-chat:/s1").expect("chat")["activeTurn"]["id"],
+        "t1"
+    );
+
+    // A second turn while one runs is rejected to the sender only, at the current seq.
+    h.init(2, Principal::maintainer("m"), "c2", &["ahp-chat:/s1"]);
+    let out = h.dispatch(1, "ahp-chat:/s1", 2, turn("t2", "again"));
+    assert_eq!(out.len(), 1, "rejection goes to the sender only: {out:?}");
+    assert_eq!(out[0].0, 1);
+    assert_eq!(out[0].1["params"]["serverSeq"], 2);
+    assert!(out[0].1["params"]["rejectionReason"].is_string());
+    assert_eq!(h.host.server_seq(), 2);
+
+    // Cancel ends the turn.
+    let out = h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        3,
+        json!({"type":"chat/turnCancelled","turnId":"t1","duration":5}),
+    );
+    assert!(out
+        .iter()
+        .any(|(c, v)| *c == 2 && v["params"]["action"]["type"] == "chat/turnCancelled"));
+    let chat = h.host.channel_state("ahp-chat:/s1").expect("chat");
+    assert!(chat.get("activeTurn").is_none());
+    assert_eq!(chat["turns"][0]["state"], "cancelled");
+}
+
+#[test]
+fn queued_messages_start_when_idle_and_steering_interrupts() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    let queued = json!({"type":"chat/pendingMessageSet","kind":"queued","id":"q1","message":{"text":"later","origin":{"kind":"user"}}});
+    h.dispatch(1, "ahp-chat:/s1", 1, queued);
+    let chat = h.host.channel_state("ahp-chat:/s1").expect("chat");
+    assert_eq!(
+        chat["activeTurn"]["message"]["text"], "later",
+        "idle chat starts the queued message"
+    );
+    assert!(chat.get("queuedMessages").is_none());
+    let steer = json!({"type":"chat/pendingMessageSet","kind":"steering","id":"st","message":{"text":"now","origin":{"kind":"user"}}});
+    h.dispatch(1, "ahp-chat:/s1", 2, steer);
+    let chat = h.host.channel_state("ahp-chat:/s1").expect("chat");
+    assert_eq!(chat["turns"][0]["state"], "cancelled");
+    assert_eq!(chat["activeTurn"]["message"]["text"], "now");
+    let missing = json!({"type":"chat/pendingMessageRemoved","kind":"queued","id":"nope"});
+    let out = h.dispatch(1, "ahp-chat:/s1", 3, missing);
+    assert!(out[0].1["params"]["rejectionReason"].is_string());
+}
+
+#[test]
+fn dispatch_rules_reject_without_changing_state() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    h.init(2, observer("o"), "c2", &[]);
+    let out = h.dispatch(2, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    assert_eq!(
+        out[0].1["params"]["rejectionReason"],
+        "Only maintainers can do this"
+    );
+    let out = h.dispatch(
+        1,
+        "ahp-session:/s1",
+        1,
+        json!({"type":"session/titleChanged","title":"x"}),
+    );
+    assert!(out[0].1["params"]["rejectionReason"].is_string());
+    let out = h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        2,
+        json!({"type":"chat/delta","turnId":"t","partId":"p","content":"x"}),
+    );
+    assert!(
+        out[0].1["params"]["rejectionReason"].is_string(),
+        "server-only actions are refused"
+    );
+    let out = h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        3,
+        json!({"type":"chat/turnStarted","turnId":"t"}),
+    );
+    assert!(out[0].1["params"]["rejectionReason"]
+        .as_str()
+        .is_some_and(|r| r.starts_with("Invalid AHP action")));
+    let agent = json!({"type":"chat/turnStarted","turnId":"t","startedAt":"x","message":{"text":"x","origin":{"kind":"agent"}}});
+    let out = h.dispatch(1, "ahp-chat:/s1", 4, agent);
+    assert!(out[0].1["params"]["rejectionReason"].is_string());
+    // Unknown channels: dropped without any echo.
+    assert!(h
+        .dispatch(1, "ahp-chat:/nope", 5, turn("t", "x"))
+        .is_empty());
+    assert!(h.dispatch(1, "x-unknown://", 6, turn("t", "x")).is_empty());
+    assert_eq!(h.host.server_seq(), 0);
+}
+
+#[test]
+fn a_retried_dispatch_applies_once_and_a_changed_one_conflicts() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    h.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    let seq = h.host.server_seq();
+    assert!(
+        h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"))
+            .is_empty(),
+        "same receipt: applied once"
+    );
+    let out = h.dispatch(1, "ahp-chat:/s1", 1, turn("t9", "other"));
+    assert_eq!(
+        out[0].1["params"]["rejectionReason"],
+        "Operation ID reused with different input"
+    );
+    assert_eq!(h.host.server_seq(), seq);
+    // lastClientSeq lets a returning client continue its numbering.
+    let r = h.init(9, Principal::maintainer("m"), "c1", &[]);
+    assert_eq!(r["_meta"]["org.axp.exchange"]["lastClientSeq"], 1);
+}
+
+#[test]
+fn a_failed_commit_changes_nothing_and_tells_the_caller() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]);
+    h.create(1, "s1");
+    h.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
+    let before = h.host.channel_state("ahp-chat:/s1");
+    let mut store = h.host.into_store();
+    // c1 is already bound, so initialize commits nothing and the dispatch meets the failure.
+    store.fail_next_commits(1);
+    let mut h = Harness::with(HostConfig::default(), store);
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-chat:/s1"]);
+    let out = h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    assert_eq!(out.len(), 1);
+    assert!(out[0].1["params"]["rejectionReason"].is_string());
+    assert_eq!(h.host.channel_state("ahp-chat:/s1"), before);
+    assert_eq!(h.host.server_seq(), 0);
+    assert_eq!(h.host.stats().commit_failures, 1);
+    let r = h.create(1, "s2");
+    assert_eq!(r["result"], Value::Null, "the next commit works again");
+}
+
+#[test]
+fn restart_reloads_sessions_and_keeps_server_seq() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    let chat = h.host.channel_state("ahp-chat:/s1");
+    let seq = h.host.server_seq();
+    assert!(seq > 0);
+    let store = h.host.into_store();
+    let mut h = Harness::with(HostConfig::default(), store);
+    assert_eq!(h.host.server_seq(), seq);
+    assert_eq!(h.host.channel_state("ahp-chat:/s1"), chat);
+    let r = h.init(1, Principal::maintainer("m"), "c1", &[]);
+    assert_eq!(r["serverSeq"], seq);
+    // Replay still works across the restart: the ring was reloaded from the store.
+    h.connect(2, Principal::maintainer("m"));
+    let r = h.request(2, 1, "reconnect", json!({"channel":"ahp-root://","clientId":"c1","lastSeenServerSeq":0,"subscriptions":["ahp-chat:/s1"]}));
+    assert_eq!(r["result"]["type"], "replay");
+    assert_eq!(r["result"]["actions"][0]["serverSeq"], 1);
+}
+
+#[test]
+fn reconnect_replays_or_snapshots_and_reports_missing() {
+    let mut h = Harness::limits(Limits {
+        replay_events_max: 4,
+        ..Limits::default()
+    });
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi")); // seq 1, 2
+    h.connect(2, Principal::maintainer("m"));
+    let r = h.request(2, 1, "reconnect", json!({"channel":"ahp-root://","clientId":"c1","lastSeenServerSeq":1,"subscriptions":["ahp-chat:/s1","ahp-session:/s1","ahp-session:/gone"]}));
+    let res = &r["result"];
+    assert_eq!(res["type"], "replay");
+    assert_eq!(res["actions"].as_array().map(Vec::len), Some(1));
+    assert_eq!(res["actions"][0]["serverSeq"], 2);
+    assert_eq!(res["missing"], json!(["ahp-session:/gone"]));
+    // Subscriptions were re-established.
+    assert_eq!(
+        h.host.subscriptions(ConnId(2)),
+        vec!["ahp-chat:/s1".to_string(), "ahp-session:/s1".to_string()]
+    );
+    // Generate more than the replay budget.
+    h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        2,
+        json!({"type":"chat/turnCancelled","turnId":"t1","duration":1}),
+    );
+    h.dispatch(1, "ahp-chat:/s1", 3, turn("t2", "x"));
+    h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        4,
+        json!({"type":"chat/turnCancelled","turnId":"t2","duration":1}),
+    );
+    h.connect(3, Principal::maintainer("m"));
+    let r = h.request(3, 1, "reconnect", json!({"channel":"ahp-root://","clientId":"c1","lastSeenServerSeq":0,"subscriptions":["ahp-chat:/s1"]}));
+    assert_eq!(r["result"]["type"], "snapshot");
+    assert_eq!(r["result"]["snapshots"][0]["fromSeq"], h.host.server_seq());
+    // Future cursor, and reconnect that is not the first message.
+    h.connect(4, Principal::maintainer("m"));
+    let r = h.request(
+        4,
+        1,
+        "reconnect",
+        json!({"channel":"ahp-root://","clientId":"c1","lastSeenServerSeq":999,"subscriptions":[]}),
+    );
+    assert_eq!(r["error"]["code"], -32602);
+    h.connect(5, Principal::maintainer("m"));
+    h.request(5, 1, "ping", json!({"channel":"ahp-root://"}));
+    let r = h.request(
+        5,
+        2,
+        "reconnect",
+        json!({"channel":"ahp-root://","clientId":"c1","lastSeenServerSeq":0,"subscriptions":[]}),
+    );
+    assert_eq!(r["error"]["code"], -32011);
+}
+
+#[test]
+fn scope_filters_subscriptions_listing_and_root_notifications() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]);
+    h.init(2, scoped("s", &["s1"]), "c2", &["ahp-root://"]);
+    let out = {
+        h.create(1, "s1");
+        h.create(1, "s2")
+    };
+    assert_eq!(out["result"], Value::Null);
+    let r = h.request(2, 5, "subscribe", json!({"channel":"ahp-chat:/s2"}));
+    assert_eq!(r["error"]["code"], -32009);
+    let r = h.request(2, 6, "subscribe", json!({"channel":"ahp-chat:/zz"}));
+    assert_eq!(
+        r["error"]["code"], -32009,
+        "out of scope is refused before existence is revealed"
+    );
+    let r = h.request(1, 6, "subscribe", json!({"channel":"ahp-chat:/zz"}));
+    assert_eq!(r["error"]["code"], -32008);
+    let r = h.request(2, 7, "listSessions", json!({"channel":"ahp-root://"}));
+    let items = r["result"]["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["resource"], "ahp-session:/s1");
+    // The scoped root subscriber saw only s1's sessionAdded.
+    let mut h2 = Harness::new();
+    h2.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]);
+    h2.init(2, scoped("s", &["s1"]), "c2", &["ahp-root://"]);
+    let out = h2.send(1, &json!({"jsonrpc":"2.0","id":2,"method":"createSession","params":{"channel":"ahp-session:/s2"}}));
+    assert!(
+        out.iter().all(|(c, _)| *c == 1),
+        "scoped root subscriber must not see s2: {out:?}"
+    );
+    let out = h2.send(1, &json!({"jsonrpc":"2.0","id":3,"method":"createSession","params":{"channel":"ahp-session:/s1"}}));
+    assert!(out
+        .iter()
+        .any(|(c, v)| *c == 2 && v["method"] == "root/sessionAdded"));
+}
+
+#[test]
+fn list_sessions_orders_by_modified_and_pages() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    for id in ["a", "b", "c"] {
+        h.create(1, id);
+    }
+    h.dispatch(1, "ahp-chat:/a", 1, turn("t", "x"));
+    let r = h.request(
+        1,
+        5,
+        "listSessions",
+        json!({"channel":"ahp-root://","limit":2}),
+    );
+    let items = r["result"]["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        items[0]["resource"], "ahp-session:/a",
+        "most recently modified first"
+    );
+    assert_eq!(items.len(), 2);
+    assert_ne!(items[0]["createdAt"], items[0]["modifiedAt"]);
+    let cursor = r["result"]["nextCursor"].clone();
+    let r = h.request(
+        1,
+        6,
+        "listSessions",
+        json!({"channel":"ahp-root://","limit":2,"cursor":cursor}),
+    );
+    let rest = r["result"]["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(rest.len(), 1);
+    assert!(r["result"].get("nextCursor").is_none());
+    let r = h.request(
+        1,
+        7,
+        "listSessions",
+        json!({"channel":"ahp-root://","cursor":"garbage"}),
+    );
+    assert_eq!(r["error"]["code"], -32602);
+}
+
+#[test]
+fn limits_are_enforced() {
+    let mut h = Harness::limits(Limits {
+        subscriptions_per_conn_max: 2,
+        connections_max: 3,
+        ..Limits::default()
+    });
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]);
+    h.create(1, "s1");
+    h.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
+    let r = h.request(1, 4, "subscribe", json!({"channel":"ahp-session:/s1"}));
+    assert_eq!(r["error"]["code"], -32043);
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"ping","params":{{"channel":"ahp-root://","pad":"{}"}}}}"#,
+        "x".repeat(70_000)
+    );
+    let out = h.send_raw(1, big.as_bytes());
+    assert_eq!(out[0].1["error"]["code"], -32043);
+    h.connect(2, Principal::maintainer("m"));
+    h.connect(3, Principal::maintainer("m"));
+    h.connect(4, Principal::maintainer("m"));
+    assert_eq!(h.drain(), vec![(4, json!({"close": 1013}))]);
+}
+
+#[test]
+fn a_slow_consumer_is_closed_not_starved() {
+    let mut h = Harness::limits(Limits {
+        queue_bytes_hard: 4096,
+        message_bytes_max: 2048,
+        ..Limits::default()
+    });
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    h.connect(2, Principal::maintainer("m"));
+    let now = h.now();
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"c2","initialSubscriptions":["ahp-chat:/s1"]}}).to_string();
+    h.host.handle(
+        now,
+        Input::Message {
+            conn: ConnId(2),
+            text: init.as_bytes(),
+        },
+    );
+    // Connection 2 never reports anything flushed.
+    let mut closed = false;
+    for seq in 1..40u64 {
+        let id = format!("t{seq}");
+        let now = h.now();
+        let msg = json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-chat:/s1","clientSeq":seq*2,"action":turn(&id,"x")}}).to_string();
+        h.host.handle(
+            now,
+            Input::Message {
+                conn: ConnId(1),
+                text: msg.as_bytes(),
+            },
+        );
+        let now = h.now();
+        let cancel = json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-chat:/s1","clientSeq":seq*2+1,"action":{"type":"chat/turnCancelled","turnId":id,"duration":1}}}).to_string();
+        h.host.handle(
+            now,
+            Input::Message {
+                conn: ConnId(1),
+                text: cancel.as_bytes(),
+            },
+        );
+        while let Some(o) = h.host.poll_output() {
+            if let Output::Close {
+                conn: ConnId(2),
+                code,
+                ..
+            } = o
+            {
+                assert_eq!(code, CloseCode::Policy);
+                closed = true;
+            }
+        }
+        assert!(h.host.queued_bytes(ConnId(2)).unwrap_or(0) <= 4096);
+    }
+    assert!(
+        closed,
+        "connection 2 must be closed once over its queue limit"
+    );
+    assert_eq!(h.host.stats().slow_consumer_closes, 1);
+}
+
+#[test]
+fn handshake_timeout_closes_and_idle_host_emits_nothing() {
+    let mut h = Harness::new();
+    h.connect(1, Principal::maintainer("m"));
+    let deadline = h.host.poll_timeout().expect("armed");
+    h.host.handle_timeout(Now {
+        mono: crate::Instant(deadline.0 - 1),
+        wall_unix_ms: h.now,
+    });
+    assert!(h.host.poll_output().is_none(), "early timeouts do nothing");
+    h.host.handle_timeout(Now {
+        mono: deadline,
+        wall_unix_ms: h.now,
+    });
+    assert!(matches!(
+        h.host.poll_output(),
+        Some(Output::Close {
+            code: CloseCode::Policy,
+            ..
+        })
+    ));
+    h.now += 200_000;
+    h.host.handle_timeout(Now {
+        mono: crate::Instant(deadline.0 + 100_000),
+        wall_unix_ms: h.now,
+    });
+    assert!(h.host.poll_output().is_none());
+    assert_eq!(h.host.poll_timeout(), None);
+    // Inputs for a closing connection are ignored.
+    let out = h.send(1, &json!({"jsonrpc":"2.0","id":1,"method":"ping"}));
+    assert!(out.is_empty());
+}
+
+#[test]
+fn resource_read_is_for_blobs_only() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    let r = h.request(
+        1,
+        2,
+        "resourceRead",
+        json!({"channel":"ahp-root://","uri":"file:///etc/passwd"}),
+    );
+    assert_eq!(r["error"]["code"], -32009);
+    let r = h.request(1, 3, "resourceRead", json!({"channel":"ahp-root://","uri":format!("axp-blob:/axp-session%3A%2Fs1/{}", "a".repeat(64))}));
+    assert_eq!(r["error"]["code"], -32008);
+}
+
+#[test]
+fn same_seed_same_outputs() {
+    fn run() -> Vec<(u64, Value)> {
+        let mut h = Harness::new();
+        let mut all = Vec::new();
+        all.push((
+            0,
+            h.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]),
+        ));
+        h.create(1, "s1");
+        let q = json!({"type":"chat/pendingMessageSet","kind":"queued","id":"q1","message":{"text":"x","origin":{"kind":"user"}}});
+        all.extend(h.dispatch(1, "ahp-chat:/s1", 1, q));
+        all
+    }
+    assert_eq!(run(), run());
+}
