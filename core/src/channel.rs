@@ -3,6 +3,9 @@
 /// The one root channel.
 pub const ROOT: &str = "ahp-root://";
 
+/// The client-services catalog channel (`x-` marks an implementation-defined scheme).
+pub const CATALOG: &str = "x-client-services://";
+
 /// Which channel a URI names. Session-scoped channels carry the session id.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum ChannelRef<'a> {
@@ -14,6 +17,8 @@ pub enum ChannelRef<'a> {
     Chat(&'a str),
     /// `ahp-changeset:/ID`
     Changeset(&'a str),
+    /// `x-client-services://`: the client-services catalog (state differs per observer).
+    Catalog,
     /// Anything else: not served.
     Unknown,
 }
@@ -23,6 +28,9 @@ impl<'a> ChannelRef<'a> {
     pub fn parse(uri: &'a str) -> ChannelRef<'a> {
         if uri == ROOT {
             return ChannelRef::Root;
+        }
+        if uri == CATALOG {
+            return ChannelRef::Catalog;
         }
         let scoped = [
             (
@@ -48,7 +56,7 @@ impl<'a> ChannelRef<'a> {
     pub fn session_id(self) -> Option<&'a str> {
         match self {
             ChannelRef::Session(id) | ChannelRef::Chat(id) | ChannelRef::Changeset(id) => Some(id),
-            ChannelRef::Root | ChannelRef::Unknown => None,
+            ChannelRef::Root | ChannelRef::Catalog | ChannelRef::Unknown => None,
         }
     }
 }

@@ -40,6 +40,8 @@ pub(crate) struct Connection {
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Enqueued {
     Queued,
+    /// A droppable frame was not queued: the connection is over its soft limit.
+    Dropped,
     /// The connection went over its hard limit and is now closing; the frame was not sent.
     Closing,
     /// The connection is unknown or already closing.
@@ -53,6 +55,8 @@ pub(crate) struct Connections {
     subscribers: BTreeMap<String, BTreeSet<ConnId>>,
     /// Connections the host closed; their inputs are ignored until the driver reports `Closed`.
     closing: BTreeSet<ConnId>,
+    /// Closed since the host last looked; it releases what they hold.
+    newly_closing: Vec<ConnId>,
 }
 
 impl Connections {
@@ -128,6 +132,11 @@ impl Connections {
         }
     }
 
+    /// Connections closed since the last call.
+    pub(crate) fn take_newly_closing(&mut self) -> Vec<ConnId> {
+        std::mem::take(&mut self.newly_closing)
+    }
+
     /// Subscribers of `channel`, in ConnId order.
     pub(crate) fn subscribers(&self, channel: &str) -> Vec<ConnId> {
         self.subscribers
@@ -166,6 +175,30 @@ impl Connections {
         Enqueued::Queued
     }
 
+    /// Queues a frame that may be dropped under load (client-service traffic): above the soft
+    /// limit, or where it would cross the hard limit, it is dropped and the connection stays.
+    pub(crate) fn enqueue_droppable(
+        &mut self,
+        outbox: &mut Outbox,
+        conn: ConnId,
+        frame: Frame,
+        limits: &Limits,
+    ) -> Enqueued {
+        if self.closing.contains(&conn) {
+            return Enqueued::Gone;
+        }
+        let Some(c) = self.table.get_mut(&conn) else {
+            return Enqueued::Gone;
+        };
+        let queued = c.queued_bytes + frame.len() as u64;
+        if c.queued_bytes > limits.queue_bytes_soft || queued > limits.queue_bytes_hard {
+            return Enqueued::Dropped;
+        }
+        c.queued_bytes = queued;
+        outbox.push(Output::Send { conn, frame });
+        Enqueued::Queued
+    }
+
     /// The driver wrote `bytes` of `conn`'s frames.
     pub(crate) fn flushed(&mut self, conn: ConnId, bytes: u64) {
         if let Some(c) = self.table.get_mut(&conn) {
@@ -184,6 +217,14 @@ impl Connections {
         reason: &'static str,
     ) {
         if self.table.contains_key(&conn) && self.closing.insert(conn) {
+            if let Some(c) = self.table.get_mut(&conn) {
+                // A closing connection receives nothing more, so it observes nothing.
+                let channels = std::mem::take(&mut c.subscriptions);
+                for channel in &channels {
+                    self.unindex(channel, conn);
+                }
+            }
+            self.newly_closing.push(conn);
             outbox.push(Output::Close { conn, code, reason });
         }
     }

@@ -191,11 +191,11 @@ impl<S: Store> Host<S> {
         };
         let target = ChannelRef::parse(&p.channel);
         let readable = match target {
-            ChannelRef::Root | ChannelRef::Unknown => true,
+            ChannelRef::Root | ChannelRef::Catalog | ChannelRef::Unknown => true,
             r => principal.can_read_session(r.session_id().unwrap_or_default()),
         };
         let exists = match target {
-            ChannelRef::Root => true,
+            ChannelRef::Root | ChannelRef::Catalog => true,
             ChannelRef::Unknown => false,
             r => self
                 .sessions
@@ -440,7 +440,7 @@ impl<S: Store> Host<S> {
             })
             .collect();
         let change = Change {
-            server_seq: base + events.len() as u64,
+            server_seq: self.seq.mark_after(base + events.len() as u64),
             records: tx.entry.records(tx.touched),
             events,
             receipt,

@@ -105,7 +105,7 @@ impl<S: Store> Host<S> {
         self.become_ready(conn, &p.client_id);
         let mut snapshots = Vec::with_capacity(p.initial_subscriptions.len());
         for uri in &p.initial_subscriptions {
-            if let Some(s) = self.snapshot(uri) {
+            if let Some(s) = self.snapshot(&principal, uri) {
                 snapshots.push(s);
                 self.conns.subscribe(conn, uri);
             }
@@ -125,7 +125,8 @@ impl<S: Store> Host<S> {
                     "role": principal.role.as_str(),
                     "principal": principal.id,
                     "lastClientSeq": last_client_seq,
-                }
+                },
+                crate::services::CAPABILITY: self.services_capability(),
             },
             "snapshots": snapshots,
         });
@@ -169,10 +170,13 @@ impl<S: Store> Host<S> {
             }
         }
         self.become_ready(conn, &p.client_id);
-        let budget = self.config.limits.replay_events_max;
-        let replay = self.seq.replay(p.last_seen_server_seq, budget, |c| {
-            resumed.iter().any(|r| r == c)
-        });
+        // The catalog is not replayable (it is not stored); asking for it means snapshots.
+        let replay = if resumed.iter().any(|r| r == crate::channel::CATALOG) {
+            None
+        } else {
+            self.seq
+                .replay(p.last_seen_server_seq, |c| resumed.iter().any(|r| r == c))
+        };
         let missing = Value::Array(missing).to_string();
         let result = match replay {
             Some(envelopes) => {
@@ -189,8 +193,10 @@ impl<S: Store> Host<S> {
                 out
             }
             None => {
-                let snapshots: Vec<Value> =
-                    resumed.iter().filter_map(|u| self.snapshot(u)).collect();
+                let snapshots: Vec<Value> = resumed
+                    .iter()
+                    .filter_map(|u| self.snapshot(&principal, u))
+                    .collect();
                 format!(
                     "{{\"type\":\"snapshot\",\"snapshots\":{},\"missing\":{}}}",
                     Value::Array(snapshots),
@@ -223,7 +229,7 @@ impl<S: Store> Host<S> {
                     last_client_seq: 0,
                 };
                 let change = Change {
-                    server_seq: self.seq.current(),
+                    server_seq: self.seq.mark_after(self.seq.current()),
                     clients: vec![record.clone()],
                     ..Change::default()
                 };

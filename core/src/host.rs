@@ -16,7 +16,9 @@ use crate::error::{RpcError, LIMIT, METHOD_NOT_FOUND, PERMISSION_DENIED};
 use crate::limits::{Limits, LimitsError};
 use crate::output::{CloseCode, Frame, Outbox, Output};
 use crate::principal::Principal;
+use crate::relay::Relay;
 use crate::sequencer::Sequencer;
+use crate::services::Services;
 use crate::session::{self, SessionEntry, Which};
 use crate::store::{ClientRecord, Store, StoreError};
 use crate::time::{Instant, Now, Timer, Timers};
@@ -31,6 +33,8 @@ pub struct HostConfig {
     pub server_name: String,
     /// `serverInfo.version` in `initialize`.
     pub server_version: String,
+    /// Groups of principal ids whose client services may see and call each other.
+    pub trust_groups: Vec<Vec<String>>,
 }
 
 impl Default for HostConfig {
@@ -39,6 +43,7 @@ impl Default for HostConfig {
             limits: Limits::default(),
             server_name: "axhost".into(),
             server_version: env!("CARGO_PKG_VERSION").into(),
+            trust_groups: Vec::new(),
         }
     }
 }
@@ -112,8 +117,21 @@ pub struct Stats {
     pub commit_failures: u64,
     /// Connections closed for being over the outbound queue limit.
     pub slow_consumer_closes: u64,
-    /// Notifications dropped because they were malformed, unknown or over a limit.
+    /// Notifications dropped because they were malformed, unknown, unauthorized or over a
+    /// limit. Never reported to the sender.
     pub notifications_dropped: u64,
+    /// Client-service notifications forwarded to a service owner.
+    pub notifications_forwarded: u64,
+    /// Client-service requests forwarded to a service owner.
+    pub requests_relayed: u64,
+    /// Relayed requests that reached their one outcome.
+    pub requests_completed: u64,
+    /// Relayed requests that timed out.
+    pub requests_timed_out: u64,
+    /// Relayed requests cancelled by their caller.
+    pub requests_cancelled: u64,
+    /// Responses that matched no request sent to that connection (late, duplicate, foreign).
+    pub responses_dropped: u64,
 }
 
 /// Supported AHP protocol range: `>=0.9.0 <0.10.0`.
@@ -134,6 +152,8 @@ pub struct Host<S: Store> {
     pub(crate) sessions: BTreeMap<String, SessionEntry>,
     pub(crate) clients: BTreeMap<String, ClientRecord>,
     pub(crate) root_state: Value,
+    pub(crate) services: Services,
+    pub(crate) relay: Relay,
     /// Latest `now` seen; `wall_unix_ms` is a high-water mark so timestamps never go back.
     pub(crate) now: Now,
     pub(crate) stats: Stats,
@@ -156,6 +176,7 @@ impl<S: Store> Host<S> {
                 sessions.insert(id.to_owned(), entry);
             }
         }
+        let services = Services::new(&config.trust_groups);
         let clients = loaded
             .clients
             .into_iter()
@@ -176,6 +197,8 @@ impl<S: Store> Host<S> {
             sessions,
             clients,
             root_state: session::root_state(),
+            services,
+            relay: Relay::default(),
             now: Now::at(0),
             stats: Stats::default(),
         })
@@ -196,8 +219,23 @@ impl<S: Store> Host<S> {
             Input::Closed { conn } => {
                 self.timers.disarm(Timer::Handshake(conn));
                 self.conns.remove(conn);
+                self.forget(conn);
             }
         }
+        self.reap();
+    }
+
+    /// Releases what a connection that is closing or closed still holds: its relayed requests
+    /// and its services. Runs as soon as the host decides to close it, so nothing routes to it.
+    fn reap(&mut self) {
+        for conn in self.conns.take_newly_closing() {
+            self.forget(conn);
+        }
+    }
+
+    fn forget(&mut self, conn: ConnId) {
+        self.release_caller(conn);
+        self.remove_services_of(conn);
     }
 
     /// (B) Fires every timer due at or before `now.mono`. Early or repeated calls do nothing.
@@ -205,6 +243,7 @@ impl<S: Store> Host<S> {
         self.advance(now);
         while let Some(timer) = self.timers.pop_due(self.now.mono) {
             match timer {
+                Timer::Relay(id) => self.relay_timeout(id),
                 Timer::Handshake(conn) => {
                     let waiting = self
                         .conns
@@ -221,6 +260,7 @@ impl<S: Store> Host<S> {
                 }
             }
         }
+        self.reap();
     }
 
     /// (D) The next decision, in the order the host made them. Drain to `None` before sleeping.
@@ -267,8 +307,21 @@ impl<S: Store> Host<S> {
                 .sessions
                 .get(id)
                 .map(|e| e.state_json(Which::Changeset)),
-            ChannelRef::Unknown => None,
+            ChannelRef::Catalog | ChannelRef::Unknown => None,
         }
+    }
+
+    /// (A) The state of a channel as `viewer` sees it (the catalog differs per observer).
+    pub fn channel_state_for(&self, viewer: &Principal, uri: &str) -> Option<Value> {
+        match ChannelRef::parse(uri) {
+            ChannelRef::Catalog => Some(self.services.catalog_for(viewer)),
+            _ => self.channel_state(uri),
+        }
+    }
+
+    /// (A) Registered client services.
+    pub fn service_count(&self) -> usize {
+        self.services.by_id.len()
     }
 
     /// (A) The channels `conn` is subscribed to.
@@ -324,11 +377,12 @@ impl<S: Store> Host<S> {
             Some(c) => !std::mem::replace(&mut c.seen_message, true),
             None => return,
         };
-        let too_big = text.len() > self.config.limits.message_bytes_max as usize;
+        let limits = &self.config.limits;
+        let too_big = |method: Option<&str>| text.len() > limits.message_bytes_max_for(method);
         match wire::parse(text) {
             Err(malformed) => self.reply_error(conn, "null", &malformed.to_error()),
             Ok(Message::Request { id, method, params }) => {
-                if too_big {
+                if too_big(Some(&method)) {
                     let e = RpcError::new(
                         LIMIT,
                         "Message too large. Upload it as a blob and send a reference instead.",
@@ -338,14 +392,19 @@ impl<S: Store> Host<S> {
                 self.on_request(conn, first, id.get(), &method, params);
             }
             Ok(Message::Notification { method, params }) => {
-                if too_big {
+                if too_big(Some(&method)) {
                     self.stats.notifications_dropped += 1;
                     return;
                 }
                 self.on_notification(conn, &method, params);
             }
-            // The host sends no requests yet, so no response can match one.
-            Ok(Message::Response { .. }) => {}
+            Ok(Message::Response { id, outcome }) => {
+                if too_big(None) {
+                    self.stats.responses_dropped += 1;
+                    return;
+                }
+                self.on_response(conn, id, outcome);
+            }
         }
     }
 
@@ -378,6 +437,14 @@ impl<S: Store> Host<S> {
                 Ok("null".to_owned())
             }
             "resourceRead" => self.resource_read(conn, params),
+            "client/registerService" => self.register_service(conn, params),
+            "client/updateService" => self.update_service(conn, params),
+            "client/unregisterService" => self.unregister_service(conn, params),
+            "clientService/request" => match self.request_service(conn, id, params) {
+                // The answer comes later, from the service or the relay.
+                Ok(()) => return,
+                Err(e) => Err(e),
+            },
             _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
         };
         match outcome {
@@ -406,6 +473,8 @@ impl<S: Store> Host<S> {
             return;
         }
         match method {
+            "clientService/notify" => self.notify_service(conn, params),
+            "$/cancelRequest" => self.cancel_request(conn, params),
             "dispatchAction" => self.dispatch_action(conn, params),
             "unsubscribe" => {
                 if self.unsubscribe(conn, params).is_err() {
@@ -473,7 +542,7 @@ impl<S: Store> Host<S> {
     pub(crate) fn allowed(&self, principal: &Principal, uri: &str) -> Result<(), RpcError> {
         let r = ChannelRef::parse(uri);
         match r {
-            ChannelRef::Root => Ok(()),
+            ChannelRef::Root | ChannelRef::Catalog => Ok(()),
             ChannelRef::Unknown => Err(RpcError::not_found("Unknown channel")),
             _ => {
                 let id = r.session_id().unwrap_or_default();
@@ -488,9 +557,9 @@ impl<S: Store> Host<S> {
         }
     }
 
-    /// `{resource, state, fromSeq}` for a channel that exists.
-    pub(crate) fn snapshot(&self, uri: &str) -> Option<Value> {
-        let state = self.channel_state(uri)?;
+    /// `{resource, state, fromSeq}` for a channel that exists, as `viewer` sees it.
+    pub(crate) fn snapshot(&self, viewer: &Principal, uri: &str) -> Option<Value> {
+        let state = self.channel_state_for(viewer, uri)?;
         Some(json!({ "resource": uri, "state": state, "fromSeq": self.seq.current() }))
     }
 
@@ -508,7 +577,7 @@ impl<S: Store> Host<S> {
         }
         // Snapshot and registration happen in one step: nothing can be sequenced between them.
         let snapshot = self
-            .snapshot(&p.channel)
+            .snapshot(&principal, &p.channel)
             .ok_or_else(|| RpcError::not_found("Unknown channel"))?;
         self.conns.subscribe(conn, &p.channel);
         Ok(json!({ "snapshot": snapshot }).to_string())

@@ -65,19 +65,22 @@ mod host;
 mod limits;
 mod output;
 mod principal;
+pub mod relay;
 mod sequencer;
+mod services;
 mod session;
 mod store;
 mod time;
 pub mod wire;
 
-pub use channel::{valid_id, valid_session_id, ChannelRef, ROOT};
+pub use channel::{valid_id, valid_session_id, ChannelRef, CATALOG, ROOT};
 pub use connection::ConnId;
 pub use error::RpcError;
 pub use host::{Host, HostConfig, HostError, Input, Stats};
 pub use limits::Limits;
 pub use output::{CloseCode, Frame, Output};
 pub use principal::{session_id_from_scope_entry, Principal, Role, SessionScope};
+pub use services::{CAPABILITY as CLIENT_SERVICES_CAPABILITY, METHODS as CLIENT_SERVICES_METHODS};
 pub use session::{AXP_CAPABILITY, AXP_VERSION};
 pub use store::{
     Change, ClientRecord, Event, Loaded, MemStore, Receipt, RecordWrite, Store, StoreError,

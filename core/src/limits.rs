@@ -28,6 +28,27 @@ pub struct Limits {
     pub protocol_versions_max: u32,
     /// Queued plus steering messages per chat; `-32043` above. AXP host: 32.
     pub pending_messages_max: u32,
+    /// Outbound bytes above which client-service notifications to a connection are dropped
+    /// (counted, never acknowledged). Below `queue_bytes_hard`, so state still flows.
+    pub queue_bytes_soft: u64,
+    /// Largest service `metadata` object (bytes of JSON); `-32043` above.
+    pub service_metadata_bytes_max: u32,
+    /// Longest application method name (bytes).
+    pub service_method_bytes_max: u32,
+    /// Largest `params` of a notification or request, and largest result (bytes).
+    pub service_payload_bytes_max: u32,
+    /// Largest `data` of a service's error that is passed on (bytes); larger data is dropped.
+    pub service_error_data_bytes_max: u32,
+    /// Services one connection may register; `-32043` above.
+    pub services_per_conn_max: u32,
+    /// Requests one caller connection may have in flight; `-32043` above.
+    pub relays_per_conn_max: u32,
+    /// Requests one service may have in flight; `-32043` above.
+    pub relays_per_service_max: u32,
+    /// Request timeout when the caller names none.
+    pub relay_timeout_ms: u64,
+    /// Longest request timeout a caller may ask for.
+    pub relay_timeout_ms_max: u64,
 }
 
 /// Defaults, named so tests and docs can cite them.
@@ -45,7 +66,17 @@ pub const DEFAULT_QUEUE_BYTES_HARD: u64 = 2_000_000;
 /// See [`Limits::replay_events_max`].
 pub const DEFAULT_REPLAY_EVENTS_MAX: u32 = 4096;
 
+/// See [`Limits::queue_bytes_soft`].
+pub const DEFAULT_QUEUE_BYTES_SOFT: u64 = 1024 * 1024;
+/// See [`Limits::service_payload_bytes_max`].
+pub const DEFAULT_SERVICE_PAYLOAD_BYTES_MAX: u32 = 1024 * 1024;
+/// Envelope room around a client-service payload (ids, method, metadata of the message).
+pub const SERVICE_ENVELOPE_BYTES: u32 = 64 * 1024;
+
 const _: () = assert!(DEFAULT_MESSAGE_BYTES_MAX <= DEFAULT_FRAME_BYTES_MAX);
+const _: () = assert!(DEFAULT_QUEUE_BYTES_SOFT < DEFAULT_QUEUE_BYTES_HARD);
+const _: () =
+    assert!(DEFAULT_SERVICE_PAYLOAD_BYTES_MAX + SERVICE_ENVELOPE_BYTES <= DEFAULT_FRAME_BYTES_MAX);
 const _: () = assert!((DEFAULT_MESSAGE_BYTES_MAX as u64) < DEFAULT_QUEUE_BYTES_HARD);
 
 impl Default for Limits {
@@ -60,6 +91,16 @@ impl Default for Limits {
             replay_events_max: DEFAULT_REPLAY_EVENTS_MAX,
             protocol_versions_max: 32,
             pending_messages_max: 32,
+            queue_bytes_soft: DEFAULT_QUEUE_BYTES_SOFT,
+            service_metadata_bytes_max: 4 * 1024,
+            service_method_bytes_max: 256,
+            service_payload_bytes_max: DEFAULT_SERVICE_PAYLOAD_BYTES_MAX,
+            service_error_data_bytes_max: 64 * 1024,
+            services_per_conn_max: 64,
+            relays_per_conn_max: 256,
+            relays_per_service_max: 1024,
+            relay_timeout_ms: 30_000,
+            relay_timeout_ms_max: 300_000,
         }
     }
 }
@@ -101,7 +142,42 @@ impl Limits {
         if self.handshake_timeout_ms == 0 {
             return Err(LimitsError("handshake_timeout_ms must be positive"));
         }
+        if self.queue_bytes_soft >= self.queue_bytes_hard {
+            return Err(LimitsError(
+                "queue_bytes_soft must be below queue_bytes_hard",
+            ));
+        }
+        if u64::from(self.service_payload_bytes_max) + u64::from(SERVICE_ENVELOPE_BYTES)
+            > u64::from(self.frame_bytes_max)
+        {
+            return Err(LimitsError(
+                "frame_bytes_max must hold service_payload_bytes_max plus 64 KiB",
+            ));
+        }
+        if self.relay_timeout_ms == 0 || self.relay_timeout_ms > self.relay_timeout_ms_max {
+            return Err(LimitsError(
+                "relay_timeout_ms must be positive and at most relay_timeout_ms_max",
+            ));
+        }
+        if self.service_method_bytes_max == 0 || self.services_per_conn_max == 0 {
+            return Err(LimitsError("service limits must be positive"));
+        }
         Ok(())
+    }
+
+    /// The largest message accepted for `method` (client-service traffic carries payloads up to
+    /// `service_payload_bytes_max`; everything else is bounded by `message_bytes_max`).
+    pub fn message_bytes_max_for(&self, method: Option<&str>) -> usize {
+        let service = match method {
+            None => true,
+            Some(m) => m.starts_with("clientService/") || m.starts_with("client/"),
+        };
+        if service {
+            (self.service_payload_bytes_max + SERVICE_ENVELOPE_BYTES).max(self.message_bytes_max)
+                as usize
+        } else {
+            self.message_bytes_max as usize
+        }
     }
 }
 
@@ -119,6 +195,16 @@ mod tests {
         assert_eq!(l.handshake_timeout_ms, 10_000);
         assert_eq!(l.queue_bytes_hard, 2_000_000);
         assert_eq!(l.replay_events_max, 4096);
+        assert_eq!(l.queue_bytes_soft, 1024 * 1024);
+        assert_eq!(l.service_metadata_bytes_max, 4096);
+        assert_eq!(l.service_method_bytes_max, 256);
+        assert_eq!(l.service_payload_bytes_max, 1024 * 1024);
+        assert_eq!(l.service_error_data_bytes_max, 65_536);
+        assert_eq!(l.services_per_conn_max, 64);
+        assert_eq!(l.relays_per_conn_max, 256);
+        assert_eq!(l.relays_per_service_max, 1024);
+        assert_eq!(l.relay_timeout_ms, 30_000);
+        assert_eq!(l.relay_timeout_ms_max, 300_000);
     }
 
     #[test]

@@ -395,7 +395,7 @@ mod commands {
             }
             let entry = SessionEntry::create(&id, title, task, self.now.wall_unix_ms);
             let change = Change {
-                server_seq: self.seq.current(),
+                server_seq: self.seq.mark_after(self.seq.current()),
                 records: entry.records(Touched::ALL),
                 ..Change::default()
             };

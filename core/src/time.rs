@@ -74,6 +74,8 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 pub(crate) enum Timer {
     /// A connection must finish `initialize`/`reconnect` by then or be closed.
     Handshake(ConnId),
+    /// A relayed client-service request times out (host-allocated id).
+    Relay(u64),
 }
 
 /// Deadlines, ordered. Arming a timer again replaces its deadline.

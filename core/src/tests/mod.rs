@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+mod services;
+
 use crate::{
     CloseCode, ConnId, Host, HostConfig, Input, Limits, MemStore, Now, Output, Principal, Role,
     SessionScope,
@@ -598,6 +600,7 @@ fn limits_are_enforced() {
 fn a_slow_consumer_is_closed_not_starved() {
     let mut h = Harness::limits(Limits {
         queue_bytes_hard: 4096,
+        queue_bytes_soft: 1024,
         message_bytes_max: 2048,
         ..Limits::default()
     });
@@ -722,9 +725,10 @@ fn same_seed_same_outputs() {
 
 #[test]
 fn initialize_meta_matches_its_schema() {
-    let schema: Value =
-        serde_json::from_str(include_str!("../../schema/axp-initialize-meta.schema.json"))
-            .expect("schema is JSON");
+    let schema: Value = serde_json::from_str(include_str!(
+        "../../../schema/axp-initialize-meta.schema.json"
+    ))
+    .expect("schema is JSON");
     let mut h = Harness::new();
     let r = h.init(1, Principal::maintainer("m"), "c1", &[]);
     let meta = &r["_meta"]["org.axp.exchange"];
