@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+mod schema;
 mod services;
 
 use crate::{
@@ -721,28 +722,4 @@ fn same_seed_same_outputs() {
         all
     }
     assert_eq!(run(), run());
-}
-
-#[test]
-fn initialize_meta_matches_its_schema() {
-    let schema: Value = serde_json::from_str(include_str!(
-        "../../../schema/axp-initialize-meta.schema.json"
-    ))
-    .expect("schema is JSON");
-    let mut h = Harness::new();
-    let r = h.init(1, Principal::maintainer("m"), "c1", &[]);
-    let meta = &r["_meta"]["org.axp.exchange"];
-    let required = schema["required"].as_array().expect("required");
-    for key in required {
-        let key = key.as_str().expect("key");
-        assert!(meta.get(key).is_some(), "initialize _meta lacks {key}");
-    }
-    let props = schema["properties"].as_object().expect("properties");
-    for key in meta.as_object().expect("object").keys() {
-        assert!(
-            props.contains_key(key),
-            "initialize _meta has {key}, which the schema does not describe"
-        );
-    }
-    assert_eq!(meta["version"], schema["properties"]["version"]["const"]);
 }

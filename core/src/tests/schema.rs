@@ -1,0 +1,309 @@
+//! Drift tests: the host's real frames, and the requests these tests send, validated against
+//! the JSON Schemas in `schema/`. The validator covers the keywords those files use.
+
+use serde_json::{json, Value};
+
+use super::Harness;
+use crate::Principal;
+
+const CATALOG: &str = "x-client-services://";
+
+/// The schema files, compiled in (the core reads no files, not even in tests).
+fn load(name: &str) -> Value {
+    let text = match name {
+        "axp-initialize-meta" => include_str!("../../../schema/axp-initialize-meta.schema.json"),
+        "client-services/register-service.params" => {
+            include_str!("../../../schema/client-services/register-service.params.schema.json")
+        }
+        "client-services/register-service.result" => {
+            include_str!("../../../schema/client-services/register-service.result.schema.json")
+        }
+        "client-services/update-service.params" => {
+            include_str!("../../../schema/client-services/update-service.params.schema.json")
+        }
+        "client-services/unregister-service.params" => {
+            include_str!("../../../schema/client-services/unregister-service.params.schema.json")
+        }
+        "client-services/empty.result" => {
+            include_str!("../../../schema/client-services/empty.result.schema.json")
+        }
+        "client-services/notify.params" => {
+            include_str!("../../../schema/client-services/notify.params.schema.json")
+        }
+        "client-services/notification.params" => {
+            include_str!("../../../schema/client-services/notification.params.schema.json")
+        }
+        "client-services/request.params" => {
+            include_str!("../../../schema/client-services/request.params.schema.json")
+        }
+        "client-services/handle-request.params" => {
+            include_str!("../../../schema/client-services/handle-request.params.schema.json")
+        }
+        "client-services/cancel-request.params" => {
+            include_str!("../../../schema/client-services/cancel-request.params.schema.json")
+        }
+        "client-services/catalog.state" => {
+            include_str!("../../../schema/client-services/catalog.state.schema.json")
+        }
+        "client-services/service-added.action" => {
+            include_str!("../../../schema/client-services/service-added.action.schema.json")
+        }
+        "client-services/service-updated.action" => {
+            include_str!("../../../schema/client-services/service-updated.action.schema.json")
+        }
+        "client-services/service-removed.action" => {
+            include_str!("../../../schema/client-services/service-removed.action.schema.json")
+        }
+        "client-services/initialize-meta" => {
+            include_str!("../../../schema/client-services/initialize-meta.schema.json")
+        }
+        other => panic!("no schema named {other}"),
+    };
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn type_matches(t: &str, v: &Value) -> bool {
+    match t {
+        "object" => v.is_object(),
+        "array" => v.is_array(),
+        "string" => v.is_string(),
+        "integer" => v.is_i64() || v.is_u64(),
+        "number" => v.is_number(),
+        "boolean" => v.is_boolean(),
+        "null" => v.is_null(),
+        other => panic!("schema uses unsupported type {other}"),
+    }
+}
+
+/// Validates `v` against `schema`; `Err` names the path that broke.
+fn validate(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
+    let known = [
+        "$schema",
+        "$id",
+        "title",
+        "description",
+        "type",
+        "const",
+        "enum",
+        "required",
+        "properties",
+        "additionalProperties",
+        "items",
+        "minLength",
+        "maxLength",
+        "minimum",
+        "maxItems",
+        "pattern",
+    ];
+    for key in schema
+        .as_object()
+        .map(|o| o.keys().collect::<Vec<_>>())
+        .unwrap_or_default()
+    {
+        assert!(
+            known.contains(&key.as_str()),
+            "validator does not support keyword {key}"
+        );
+    }
+    match &schema["type"] {
+        Value::String(t) if !type_matches(t, v) => {
+            return Err(format!("{path}: expected {t}, got {v}"))
+        }
+        Value::Array(ts) if !ts.iter().any(|t| type_matches(t.as_str().unwrap_or(""), v)) => {
+            return Err(format!("{path}: expected one of {ts:?}, got {v}"))
+        }
+        _ => {}
+    }
+    if let Some(c) = schema.get("const") {
+        if c != v {
+            return Err(format!("{path}: expected {c}, got {v}"));
+        }
+    }
+    if let Some(Value::Array(e)) = schema.get("enum") {
+        if !e.contains(v) {
+            return Err(format!("{path}: {v} not in {e:?}"));
+        }
+    }
+    if let (Some(s), Some(max)) = (v.as_str(), schema.get("maxLength").and_then(Value::as_u64)) {
+        if s.len() as u64 > max {
+            return Err(format!("{path}: longer than {max}"));
+        }
+    }
+    if let (Some(s), Some(min)) = (v.as_str(), schema.get("minLength").and_then(Value::as_u64)) {
+        if (s.len() as u64) < min {
+            return Err(format!("{path}: shorter than {min}"));
+        }
+    }
+    if let (Some(n), Some(min)) = (v.as_f64(), schema.get("minimum").and_then(Value::as_f64)) {
+        if n < min {
+            return Err(format!("{path}: below {min}"));
+        }
+    }
+    if let Some(obj) = v.as_object() {
+        for r in schema
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let r = r.as_str().unwrap_or_default();
+            if !obj.contains_key(r) {
+                return Err(format!("{path}: missing {r}"));
+            }
+        }
+        let props = schema.get("properties").and_then(Value::as_object);
+        for (k, x) in obj {
+            match props.and_then(|p| p.get(k)) {
+                Some(s) => validate(s, x, &format!("{path}.{k}"))?,
+                None => match schema.get("additionalProperties") {
+                    Some(Value::Bool(false)) => return Err(format!("{path}: unexpected key {k}")),
+                    Some(s @ Value::Object(_)) => validate(s, x, &format!("{path}.{k}"))?,
+                    _ => {}
+                },
+            }
+        }
+    }
+    if let Some(items) = v.as_array() {
+        if let Some(max) = schema.get("maxItems").and_then(Value::as_u64) {
+            if items.len() as u64 > max {
+                return Err(format!("{path}: more than {max} items"));
+            }
+        }
+        if let Some(s) = schema.get("items") {
+            for (i, x) in items.iter().enumerate() {
+                validate(s, x, &format!("{path}[{i}]"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check(name: &str, v: &Value) {
+    if let Err(e) = validate(&load(name), v, name) {
+        panic!("{e}\nvalue: {v}");
+    }
+}
+
+#[test]
+fn the_validator_catches_drift() {
+    let schema = load("client-services/service-removed.action");
+    assert!(validate(
+        &schema,
+        &json!({"type":"x-clientServices/serviceRemoved","serviceId":"s"}),
+        ""
+    )
+    .is_ok());
+    assert!(validate(
+        &schema,
+        &json!({"type":"x-clientServices/serviceRemoved"}),
+        ""
+    )
+    .is_err());
+    assert!(validate(
+        &schema,
+        &json!({"type":"x-clientServices/serviceRemoved","serviceId":"s","x":1}),
+        ""
+    )
+    .is_err());
+    assert!(validate(&schema, &json!({"type":"other","serviceId":"s"}), "").is_err());
+}
+
+#[test]
+fn host_frames_match_the_client_services_schemas() {
+    let mut h = Harness::new();
+    let init = h.init(1, Principal::maintainer("m"), "owner", &[CATALOG]);
+    check(
+        "client-services/initialize-meta",
+        &init["_meta"]["x-client-services"],
+    );
+    check("axp-initialize-meta", &init["_meta"]["org.axp.exchange"]);
+    h.init(2, Principal::maintainer("m"), "caller", &[]);
+
+    let register = json!({"channel": CATALOG, "metadata": {"protocol": "git-object-reader", "version": 1}, "audience": null});
+    check("client-services/register-service.params", &register);
+    let out = h.send(
+        1,
+        &json!({"jsonrpc":"2.0","id":1,"method":"client/registerService","params":register}),
+    );
+    let result = out
+        .iter()
+        .find(|(_, v)| v["id"] == 1)
+        .map(|(_, v)| v["result"].clone())
+        .expect("result");
+    check("client-services/register-service.result", &result);
+    let added = out
+        .iter()
+        .find(|(_, v)| v["method"] == "action")
+        .map(|(_, v)| v["params"]["action"].clone())
+        .expect("added");
+    check("client-services/service-added.action", &added);
+    let id = result["serviceId"].as_str().expect("id").to_owned();
+
+    let sub = h.request(2, 2, "subscribe", json!({"channel": CATALOG}));
+    check(
+        "client-services/catalog.state",
+        &sub["result"]["snapshot"]["state"],
+    );
+
+    let update = json!({"channel": CATALOG, "serviceId": id, "metadata": {"v": 2}});
+    check("client-services/update-service.params", &update);
+    let out = h.send(
+        1,
+        &json!({"jsonrpc":"2.0","id":3,"method":"client/updateService","params":update}),
+    );
+    for (_, v) in &out {
+        if v["method"] == "action" {
+            check(
+                "client-services/service-updated.action",
+                &v["params"]["action"],
+            );
+        } else {
+            check("client-services/empty.result", &v["result"]);
+        }
+    }
+
+    let notify = json!({"channel": CATALOG, "serviceId": id, "method": "refsChanged", "params": {"repo": "r"}});
+    check("client-services/notify.params", &notify);
+    let out = h.send(
+        2,
+        &json!({"jsonrpc":"2.0","method":"clientService/notify","params":notify}),
+    );
+    check("client-services/notification.params", &out[0].1["params"]);
+
+    let request = json!({"channel": CATALOG, "serviceId": id, "method": "getRefs", "params": {"repo": "r"}, "timeoutMs": 1000});
+    check("client-services/request.params", &request);
+    let out = h.send(
+        2,
+        &json!({"jsonrpc":"2.0","id":"r1","method":"clientService/request","params":request}),
+    );
+    check("client-services/handle-request.params", &out[0].1["params"]);
+    let cancel = json!({"channel": CATALOG, "id": "r1"});
+    check("client-services/cancel-request.params", &cancel);
+    let out = h.send(
+        2,
+        &json!({"jsonrpc":"2.0","method":"$/cancelRequest","params":cancel}),
+    );
+    let forwarded = out
+        .iter()
+        .find(|(c, _)| *c == 1)
+        .map(|(_, v)| v["params"].clone())
+        .expect("forwarded cancel");
+    check("client-services/cancel-request.params", &forwarded);
+
+    let unregister = json!({"channel": CATALOG, "serviceId": id});
+    check("client-services/unregister-service.params", &unregister);
+    let out = h.send(
+        1,
+        &json!({"jsonrpc":"2.0","id":4,"method":"client/unregisterService","params":unregister}),
+    );
+    for (_, v) in &out {
+        if v["method"] == "action" {
+            check(
+                "client-services/service-removed.action",
+                &v["params"]["action"],
+            );
+        } else {
+            check("client-services/empty.result", &v["result"]);
+        }
+    }
+}
