@@ -236,13 +236,13 @@ impl<S: Store> Host<S> {
         let fingerprint = fingerprint("dispatchAction", &params_value);
         match self.store.receipt(owner, &key) {
             Err(_) => return Err(RpcError::commit_failed()),
-            Ok(Some(r)) if r.fingerprint == fingerprint => return Ok(()), // a retry: already applied
-            Ok(Some(_)) => {
-                return Err(RpcError::conflict(
-                    "Operation ID reused with different input",
-                ))
-            }
-            Ok(None) => {}
+            // The same action under the same (clientId, clientSeq): a retry, already applied.
+            Ok(Some(r)) if r.fingerprint == fingerprint => return Ok(()),
+            // A different action under a used clientSeq is a restarted counter, not a retry: the
+            // official AHP clients start clientSeq at 1 on every connection. It is applied as a
+            // new action and its receipt replaces the old one. (The AXP host refuses it with
+            // -32011, which breaks every official client after its first reconnect.)
+            Ok(Some(_)) | Ok(None) => {}
         }
         if role != Role::Maintainer {
             return Err(RpcError::forbidden("Only maintainers can do this"));

@@ -369,7 +369,7 @@ fn dispatch_rules_reject_without_changing_state() {
 }
 
 #[test]
-fn a_retried_dispatch_applies_once_and_a_changed_one_conflicts() {
+fn a_retried_dispatch_applies_once_and_a_restarted_counter_is_new_work() {
     let mut h = Harness::new();
     h.init(1, Principal::maintainer("m"), "c1", &[]);
     h.create(1, "s1");
@@ -381,15 +381,28 @@ fn a_retried_dispatch_applies_once_and_a_changed_one_conflicts() {
             .is_empty(),
         "same receipt: applied once"
     );
-    let out = h.dispatch(1, "ahp-chat:/s1", 1, turn("t9", "other"));
-    assert_eq!(
-        out[0].1["params"]["rejectionReason"],
-        "Operation ID reused with different input"
-    );
-    assert_eq!(h.host.server_seq(), seq);
     // lastClientSeq lets a returning client continue its numbering.
     let r = h.init(9, Principal::maintainer("m"), "c1", &[]);
     assert_eq!(r["_meta"]["org.axp.exchange"]["lastClientSeq"], 1);
+    // A client whose counter restarted (the official clients start at 1 on every connection)
+    // reuses clientSeq 1 for a different action: that is new work, not a retry.
+    h.dispatch(
+        9,
+        "ahp-chat:/s1",
+        1,
+        json!({"type":"chat/turnCancelled","turnId":"t1","duration":3}),
+    );
+    assert!(
+        h.host.server_seq() > seq,
+        "the different action was applied"
+    );
+    let chat = h.host.channel_state("ahp-chat:/s1").expect("chat");
+    assert_eq!(chat["turns"][0]["state"], "cancelled");
+    // And its receipt replaced the old one: resending it is now the retry.
+    let seq = h.host.server_seq();
+    let again = json!({"type":"chat/turnCancelled","turnId":"t1","duration":3});
+    assert!(h.dispatch(9, "ahp-chat:/s1", 1, again).is_empty());
+    assert_eq!(h.host.server_seq(), seq);
 }
 
 #[test]
