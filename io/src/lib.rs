@@ -1,1 +1,11 @@
+//! axhost-io: everything that touches the outside world.
 
+pub mod config;
+pub mod credentials;
+pub mod datadir;
+pub mod server;
+pub mod sqlite;
+
+pub use config::{ConfigError, HostFileConfig, PrincipalEntry};
+pub use credentials::Credentials;
+pub use sqlite::{OpenError, SqliteStore};

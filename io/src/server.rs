@@ -1,0 +1,840 @@
+//! The production driver: one thread, one mio `Poll`, carrying the core's decisions to sockets.
+//!
+//! ```text
+//!   TCP accept ─► HTTP head (bounded, timed) ─► /healthz: 200, close
+//!                                            ─► /axp or /: token, Origin, capacity ─► 101
+//!                                            ─► anything else: 4xx, close
+//!   WebSocket text message ─► Input::Message     Output::Send  ─► text frame into the Wire
+//!   bytes reach the socket ─► Input::Flushed     Output::Close ─► close frame, drain, shutdown
+//!   binary / oversized / broken frames ─► close 1003 / 1009 / 1002 and Input::Closed
+//!   EOF, reset, peer close ─► Input::Closed (once)
+//!   SIGINT / SIGTERM ─► stop accepting, close 1001 to every WebSocket, drain briefly, return
+//! ```
+//!
+//! Each loop turn: wait for events or the earliest deadline, read what is readable (a bounded
+//! number of messages per connection per turn), fire due timers, drain `poll_output` to `None`,
+//! write every connection with pending bytes, report what reached the socket, and repeat.
+//!
+//! Every connection gets a fresh `ConnId` at accept time (also used as its mio token), so ids are
+//! never reused; only connections that become WebSockets are ever shown to the core. The driver
+//! logs ids, peers, statuses, close codes and byte counts, never payloads or tokens.
+
+mod http;
+mod wire;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Read};
+use std::net::{Shutdown, SocketAddr};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axhost_core::{ConnId, Host, Input, Now, Output, Store};
+use mio::net::TcpListener;
+use mio::{Events, Interest, Poll, Token};
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook_mio::v1_0::Signals;
+use tungstenite::error::ProtocolError;
+use tungstenite::protocol::{Role, WebSocketConfig};
+use tungstenite::{Message, WebSocket};
+
+use crate::credentials::{token_from_request, Credentials};
+use http::{Head, Route, Status};
+use wire::Wire;
+
+/// How the driver serves.
+pub struct ServeOptions {
+    /// Address to bind (`127.0.0.1:0` picks a free port; `on_ready` gets the real one).
+    pub listen: SocketAddr,
+    /// Transport credentials checked on every WebSocket upgrade.
+    pub credentials: Credentials,
+    /// When set, an upgrade whose `Origin` header is present and not listed gets 403.
+    pub allowed_origins: Option<Vec<String>>,
+}
+
+/// Runs `host` on `opts.listen` until SIGINT or SIGTERM. Calls `on_ready` with the bound address
+/// once the listener accepts connections. Returns `Ok(())` after a clean shutdown; an `Err` only
+/// when the listener, the poller or signal registration fails.
+pub fn serve<S: Store>(
+    host: Host<S>,
+    opts: ServeOptions,
+    on_ready: impl FnOnce(SocketAddr),
+) -> io::Result<()> {
+    let mut driver = Driver::new(host, opts)?;
+    on_ready(driver.local_addr);
+    driver.run()
+}
+
+const LISTENER: Token = Token(usize::MAX - 1);
+const SIGNALS: Token = Token(usize::MAX - 2);
+
+/// Events taken from one `poll` call.
+const EVENTS_PER_POLL_MAX: usize = 1024;
+
+/// WebSocket messages read from one connection per loop turn, so one busy peer cannot starve the
+/// others; the rest waits for the next turn (the connection stays on the read backlog).
+const MESSAGES_PER_TURN_MAX: usize = 64;
+
+/// Reads of discarded bytes per turn for a connection that is closing.
+const DISCARD_READS_PER_TURN_MAX: usize = 16;
+
+/// tungstenite's read buffer per WebSocket. It is allocated eagerly, so it stays small: at
+/// 2048 connections 16 KiB each is 32 MiB. Larger messages still arrive; they take more reads.
+const READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// Time a closing connection gets to drain its buffer and see the peer's EOF before it is dropped.
+const CLOSING_LINGER_MS: u64 = 5_000;
+
+/// Time a shutdown gives WebSockets to receive their close frames before the driver returns.
+const SHUTDOWN_DRAIN_MS: u64 = 2_000;
+
+/// Pause before accepting again after an accept error such as running out of descriptors.
+const ACCEPT_RETRY_MS: u64 = 100;
+
+/// Sockets still reading their HTTP head or closing, on top of `connections_max` WebSockets.
+/// Past `connections_max + SOCKETS_PENDING_MAX` new sockets are dropped at accept.
+const SOCKETS_PENDING_MAX: usize = 1024;
+
+/// Loop passes of "drain outputs, write sockets, report flushed" per turn.
+const FLUSH_PASSES_MAX: usize = 4;
+
+/// A driver timer: a connection's HTTP head is late, or its closing linger ran out.
+type Deadline = (u64, u64);
+
+/// What one socket is doing.
+enum Phase {
+    /// Reading the HTTP request head into `head`, until `deadline_ms`.
+    Head {
+        wire: Wire,
+        head: Vec<u8>,
+        deadline_ms: u64,
+    },
+    /// A WebSocket the core knows as `ConnId(id)`.
+    Open { ws: Box<WebSocket<Wire>> },
+    /// Draining its last bytes, then shutting down and waiting for the peer's EOF, until
+    /// `deadline_ms`. The core no longer knows it.
+    Closing {
+        wire: Wire,
+        deadline_ms: u64,
+        shut: bool,
+        peer_eof: bool,
+    },
+    /// Only between two phases.
+    Moving,
+}
+
+struct Slot {
+    peer: SocketAddr,
+    phase: Phase,
+    /// Whether the socket is registered for WRITABLE too (only while bytes are stuck).
+    writable: bool,
+}
+
+impl Slot {
+    fn wire_mut(&mut self) -> Option<&mut Wire> {
+        match &mut self.phase {
+            Phase::Head { wire, .. } | Phase::Closing { wire, .. } => Some(wire),
+            Phase::Open { ws } => Some(ws.get_mut()),
+            Phase::Moving => None,
+        }
+    }
+}
+
+/// The monotonic clock the core sees: milliseconds since the driver started.
+struct Clock {
+    start: std::time::Instant,
+}
+
+impl Clock {
+    fn now(&self) -> Now {
+        let mono = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let wall_unix_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Now {
+            mono: axhost_core::Instant(mono),
+            wall_unix_ms,
+        }
+    }
+}
+
+struct Driver<S: Store> {
+    host: Host<S>,
+    poll: Poll,
+    listener: Option<TcpListener>,
+    signals: Signals,
+    local_addr: SocketAddr,
+    credentials: Credentials,
+    allowed_origins: Option<Vec<String>>,
+    ws_config: WebSocketConfig,
+    clock: Clock,
+    slots: BTreeMap<u64, Slot>,
+    /// The next connection id; ids start at 1 and are never reused.
+    next_id: u64,
+    /// Head timeouts and closing lingers. Invariant: one entry per `Head` or `Closing` slot.
+    deadlines: BTreeSet<Deadline>,
+    /// Connections to read this turn even without a new readiness event (mio is edge-triggered).
+    backlog: BTreeSet<u64>,
+    /// Connections with bytes to write this turn.
+    dirty: BTreeSet<u64>,
+    accept_retry_ms: Option<u64>,
+    /// Set once a signal asked us to stop: the time by which the driver returns regardless.
+    stop_by_ms: Option<u64>,
+    /// Cap on one connection's unsent bytes. The core closes a connection long before (at
+    /// `queue_bytes_hard`); this only stops bytes the core does not count (pongs) from piling up.
+    out_bytes_max: u64,
+}
+
+impl<S: Store> Driver<S> {
+    fn new(host: Host<S>, opts: ServeOptions) -> io::Result<Driver<S>> {
+        let poll = Poll::new()?;
+        let mut listener = TcpListener::bind(opts.listen)?;
+        let local_addr = listener.local_addr()?;
+        poll.registry()
+            .register(&mut listener, LISTENER, Interest::READABLE)?;
+        let mut signals = Signals::new([SIGINT, SIGTERM])?;
+        poll.registry()
+            .register(&mut signals, SIGNALS, Interest::READABLE)?;
+        let limits = host.limits();
+        let frame_max = usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX);
+        let ws_config = WebSocketConfig::default()
+            .read_buffer_size(READ_BUFFER_BYTES)
+            .write_buffer_size(0)
+            .max_frame_size(Some(frame_max))
+            .max_message_size(Some(frame_max));
+        let out_bytes_max = limits
+            .queue_bytes_hard
+            .saturating_mul(2)
+            .saturating_add(1 << 20);
+        tracing::info!(addr = %local_addr, "listening");
+        Ok(Driver {
+            host,
+            poll,
+            listener: Some(listener),
+            signals,
+            local_addr,
+            credentials: opts.credentials,
+            allowed_origins: opts.allowed_origins,
+            ws_config,
+            clock: Clock {
+                start: std::time::Instant::now(),
+            },
+            slots: BTreeMap::new(),
+            next_id: 1,
+            deadlines: BTreeSet::new(),
+            backlog: BTreeSet::new(),
+            dirty: BTreeSet::new(),
+            accept_retry_ms: None,
+            stop_by_ms: None,
+            out_bytes_max,
+        })
+    }
+
+    fn run(&mut self) -> io::Result<()> {
+        let mut events = Events::with_capacity(EVENTS_PER_POLL_MAX);
+        loop {
+            let timeout = self.poll_timeout();
+            match self.poll.poll(&mut events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            let mut accept = false;
+            let mut signalled = false;
+            for event in events.iter() {
+                match event.token() {
+                    LISTENER => accept = true,
+                    SIGNALS => signalled = true,
+                    Token(t) => {
+                        let id = t as u64;
+                        if event.is_readable() || event.is_read_closed() || event.is_error() {
+                            self.backlog.insert(id);
+                        }
+                        if event.is_writable() || event.is_write_closed() {
+                            self.dirty.insert(id);
+                        }
+                    }
+                }
+            }
+            if signalled && self.on_signal() {
+                tracing::warn!("second signal: stopping without waiting for peers");
+                return Ok(());
+            }
+            let retry_due = self
+                .accept_retry_ms
+                .is_some_and(|at| self.clock.now().mono.0 >= at);
+            if accept || retry_due {
+                self.accept();
+            }
+            self.turn();
+            if let Some(stop_by_ms) = self.stop_by_ms {
+                if self.slots.is_empty() || self.clock.now().mono.0 >= stop_by_ms {
+                    tracing::info!(sockets_left = self.slots.len(), "stopped");
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// One turn after the events are sorted: read, time, decide, write.
+    fn turn(&mut self) {
+        for id in std::mem::take(&mut self.backlog) {
+            self.on_readable(id);
+        }
+        let now = self.clock.now();
+        if self.host.poll_timeout().is_some_and(|at| at <= now.mono) {
+            self.host.handle_timeout(now);
+        }
+        while let Some(&(at, id)) = self.deadlines.first() {
+            if at > now.mono.0 {
+                break;
+            }
+            self.deadlines.remove(&(at, id));
+            self.on_deadline(id);
+        }
+        for _ in 0..FLUSH_PASSES_MAX {
+            self.drain_outputs();
+            if self.dirty.is_empty() {
+                break;
+            }
+            for id in std::mem::take(&mut self.dirty) {
+                self.write(id);
+            }
+        }
+        // Never sleep on undrained decisions; anything this queues is written next turn (the
+        // poll timeout is zero while `dirty` is not empty).
+        self.drain_outputs();
+    }
+
+    /// Milliseconds until the earliest of: a core timer, a driver deadline, an accept retry, the
+    /// shutdown bound. Zero when connections wait on the read backlog.
+    fn poll_timeout(&self) -> Option<Duration> {
+        if !self.backlog.is_empty() || !self.dirty.is_empty() {
+            return Some(Duration::ZERO);
+        }
+        let earliest = [
+            self.host.poll_timeout().map(|at| at.0),
+            self.deadlines.first().map(|&(at, _)| at),
+            self.accept_retry_ms,
+            self.stop_by_ms,
+        ]
+        .into_iter()
+        .flatten()
+        .min()?;
+        let now_ms = self.clock.now().mono.0;
+        Some(Duration::from_millis(earliest.saturating_sub(now_ms)))
+    }
+
+    /// Returns true when this is the second stop request (stop at once).
+    fn on_signal(&mut self) -> bool {
+        let stop = self.signals.pending().any(|s| s == SIGINT || s == SIGTERM);
+        if !stop {
+            return false;
+        }
+        if self.stop_by_ms.is_some() {
+            return true;
+        }
+        let now = self.clock.now();
+        tracing::info!(connections = self.host.connection_count(), "stopping");
+        self.stop_by_ms = Some(now.mono.0.saturating_add(SHUTDOWN_DRAIN_MS));
+        if let Some(mut listener) = self.listener.take() {
+            let _ = self.poll.registry().deregister(&mut listener);
+        }
+        self.accept_retry_ms = None;
+        let ids: Vec<u64> = self.slots.keys().copied().collect();
+        for id in ids {
+            let open = self
+                .slots
+                .get(&id)
+                .is_some_and(|s| matches!(s.phase, Phase::Open { .. }));
+            if open {
+                self.close(id, 1001, "Host shutting down", now);
+            } else if self
+                .slots
+                .get(&id)
+                .is_some_and(|s| matches!(s.phase, Phase::Head { .. }))
+            {
+                self.drop_slot(id, "shutdown", now);
+            }
+        }
+        false
+    }
+
+    fn accept(&mut self) {
+        self.accept_retry_ms = None;
+        let Some(listener) = self.listener.as_mut() else {
+            return;
+        };
+        let sockets_max = self.host.limits().connections_max as usize + SOCKETS_PENDING_MAX;
+        loop {
+            let (mut tcp, peer) = match listener.accept() {
+                Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted
+                            | io::ErrorKind::ConnectionAborted
+                            | io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed; retrying shortly");
+                    let now_ms = self.clock.now().mono.0;
+                    self.accept_retry_ms = Some(now_ms.saturating_add(ACCEPT_RETRY_MS));
+                    return;
+                }
+            };
+            if self.slots.len() >= sockets_max {
+                tracing::warn!(peer = %peer, sockets = self.slots.len(), "too many sockets; dropped");
+                continue;
+            }
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(peer = %peer, error = %e, "TCP_NODELAY not set");
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            if let Err(e) =
+                self.poll
+                    .registry()
+                    .register(&mut tcp, Token(id as usize), Interest::READABLE)
+            {
+                tracing::warn!(peer = %peer, error = %e, "register failed; dropped");
+                continue;
+            }
+            let deadline_ms = self
+                .clock
+                .now()
+                .mono
+                .0
+                .saturating_add(self.host.limits().handshake_timeout_ms);
+            self.deadlines.insert((deadline_ms, id));
+            let phase = Phase::Head {
+                wire: Wire::new(tcp),
+                head: Vec::new(),
+                deadline_ms,
+            };
+            self.slots.insert(
+                id,
+                Slot {
+                    peer,
+                    phase,
+                    writable: false,
+                },
+            );
+            self.backlog.insert(id);
+            tracing::debug!(conn = id, peer = %peer, "accepted");
+        }
+    }
+
+    fn on_readable(&mut self, id: u64) {
+        let Some(slot) = self.slots.get(&id) else {
+            return;
+        };
+        match slot.phase {
+            Phase::Head { .. } => self.read_head(id),
+            Phase::Open { .. } => self.read_messages(id),
+            Phase::Closing { .. } => self.read_discard(id),
+            Phase::Moving => {}
+        }
+    }
+
+    fn on_deadline(&mut self, id: u64) {
+        let now = self.clock.now();
+        let Some(slot) = self.slots.get(&id) else {
+            return;
+        };
+        match slot.phase {
+            Phase::Head { .. } => self.drop_slot(id, "no request head in time", now),
+            Phase::Closing { .. } => self.drop_slot(id, "close linger over", now),
+            Phase::Open { .. } | Phase::Moving => {}
+        }
+    }
+
+    /// Reads the request head until it is complete, invalid, or the socket has nothing more.
+    fn read_head(&mut self, id: u64) {
+        let now = self.clock.now();
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let Phase::Head { wire, head, .. } = &mut slot.phase else {
+            return;
+        };
+        let mut chunk = [0u8; 4096];
+        let outcome = loop {
+            let room = http::HEAD_BYTES_MAX
+                .saturating_sub(head.len())
+                .min(chunk.len());
+            match wire.read(&mut chunk[..room.max(1)]) {
+                Ok(0) => break Err("closed before a request head"),
+                Ok(n) => {
+                    head.extend_from_slice(&chunk[..n]);
+                    match http::parse_head(head) {
+                        Head::Partial => {}
+                        decided => break Ok(decided),
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break Err("read error before a request head"),
+            }
+        };
+        match outcome {
+            Err(why) => self.drop_slot(id, why, now),
+            Ok(Head::Complete { request, len }) => self.on_request(id, &request, len, now),
+            Ok(Head::Invalid(status)) => self.respond(id, status, "", now),
+            Ok(Head::Partial) => {}
+        }
+    }
+
+    fn on_request(&mut self, id: u64, request: &http::Request, head_len: usize, now: Now) {
+        let key = match http::route(request) {
+            Route::Health => return self.respond(id, Status::Ok, &http::health_body(), now),
+            Route::Reject(status) => return self.respond(id, status, "", now),
+            Route::Upgrade { key } => key,
+        };
+        let token = token_from_request(&request.headers, request.query.as_deref());
+        let Some(principal) = token.and_then(|t| self.credentials.authenticate(&t)) else {
+            return self.respond(id, Status::Unauthorized, "", now);
+        };
+        let origins = self.allowed_origins.as_deref();
+        if !http::origin_allowed(origins, request.header("origin")) {
+            return self.respond(id, Status::Forbidden, "", now);
+        }
+        let limits = self.host.limits();
+        if self.host.connection_count() >= limits.connections_max as usize {
+            return self.respond(id, Status::ServiceUnavailable, "", now);
+        }
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let Phase::Head {
+            mut wire,
+            head,
+            deadline_ms,
+        } = std::mem::replace(&mut slot.phase, Phase::Moving)
+        else {
+            return;
+        };
+        self.deadlines.remove(&(deadline_ms, id));
+        wire.push_raw(&http::switching_protocols(&key));
+        // Bytes after the head were sent early (frames); tungstenite reads them first.
+        let early = head.get(head_len..).map(<[u8]>::to_vec).unwrap_or_default();
+        let ws = WebSocket::from_partially_read(wire, early, Role::Server, Some(self.ws_config));
+        slot.phase = Phase::Open { ws: Box::new(ws) };
+        tracing::info!(
+            conn = id,
+            peer = %slot.peer,
+            role = principal.role.as_str(),
+            path = request.path.as_str(),
+            "websocket open"
+        );
+        self.host.handle(
+            now,
+            Input::Connected {
+                conn: ConnId(id),
+                principal,
+            },
+        );
+        self.dirty.insert(id);
+        // More may already wait in the socket or in the early bytes; edge-triggered polls would
+        // not say so again.
+        self.backlog.insert(id);
+    }
+
+    /// Answers a request that ends the connection, then lingers until the answer is out.
+    fn respond(&mut self, id: u64, status: Status, body: &str, now: Now) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let Phase::Head {
+            mut wire,
+            deadline_ms,
+            ..
+        } = std::mem::replace(&mut slot.phase, Phase::Moving)
+        else {
+            return;
+        };
+        self.deadlines.remove(&(deadline_ms, id));
+        wire.push_raw(&http::response(status, body));
+        if status == Status::Ok {
+            tracing::debug!(conn = id, peer = %slot.peer, status = status.code(), "http");
+        } else {
+            tracing::info!(conn = id, peer = %slot.peer, status = status.code(), "http refused");
+        }
+        self.linger(id, wire, now);
+    }
+
+    /// Puts `wire` into the closing phase of slot `id`: drain, shut down, wait for EOF.
+    fn linger(&mut self, id: u64, wire: Wire, now: Now) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let deadline_ms = now.mono.0.saturating_add(CLOSING_LINGER_MS);
+        slot.phase = Phase::Closing {
+            wire,
+            deadline_ms,
+            shut: false,
+            peer_eof: false,
+        };
+        self.deadlines.insert((deadline_ms, id));
+        self.dirty.insert(id);
+        self.backlog.insert(id);
+    }
+
+    /// Reads up to a turn's worth of WebSocket messages and feeds the core.
+    fn read_messages(&mut self, id: u64) {
+        let now = self.clock.now();
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let Phase::Open { ws } = &mut slot.phase else {
+            return;
+        };
+        let conn = ConnId(id);
+        let mut budget = MESSAGES_PER_TURN_MAX;
+        let stop = loop {
+            if budget == 0 {
+                break Stop::Budget;
+            }
+            budget -= 1;
+            match ws.read() {
+                Ok(Message::Text(text)) => {
+                    self.host.handle(
+                        now,
+                        Input::Message {
+                            conn,
+                            text: text.as_bytes(),
+                        },
+                    );
+                }
+                Ok(Message::Binary(_)) => break Stop::Close(1003, "JSON text frames required"),
+                Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_)) => {}
+                Ok(Message::Close(frame)) => {
+                    // tungstenite queued its close reply; flushing moves it into the Wire. The
+                    // error that follows (ConnectionClosed) is the expected end of the handshake.
+                    let _ = ws.flush();
+                    break Stop::PeerClosed(frame.map_or(1005, |f| u16::from(f.code)));
+                }
+                Err(tungstenite::Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    break Stop::Drained;
+                }
+                Err(tungstenite::Error::Io(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(tungstenite::Error::Capacity(_)) => break Stop::Close(1009, "Frame too large"),
+                Err(tungstenite::Error::Utf8(_)) => {
+                    break Stop::Close(1007, "Text frames must be UTF-8")
+                }
+                Err(tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake)) => {
+                    break Stop::Gone("eof without a close frame");
+                }
+                Err(tungstenite::Error::Protocol(_)) => {
+                    break Stop::Close(1002, "WebSocket protocol error")
+                }
+                Err(_) => break Stop::Gone("transport error"),
+            }
+        };
+        // Pongs tungstenite wrote while reading wait in the Wire.
+        if slot.wire_mut().is_some_and(|w| w.pending_bytes() > 0) {
+            self.dirty.insert(id);
+        }
+        match stop {
+            Stop::Drained => {}
+            Stop::Budget => {
+                // Edge-triggered: no new event will say the rest is there. Read it next turn.
+                self.backlog.insert(id);
+            }
+            Stop::Close(code, reason) => self.close(id, code, reason, now),
+            Stop::PeerClosed(code) => {
+                tracing::info!(conn = id, code, "peer closed");
+                self.close_with(id, None, now);
+            }
+            Stop::Gone(why) => self.drop_slot(id, why, now),
+        }
+    }
+
+    /// Reads and throws away what a closing peer still sends, watching for its EOF.
+    fn read_discard(&mut self, id: u64) {
+        let now = self.clock.now();
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let Phase::Closing {
+            wire,
+            shut,
+            peer_eof,
+            ..
+        } = &mut slot.phase
+        else {
+            return;
+        };
+        let mut sink = [0u8; 4096];
+        for _ in 0..DISCARD_READS_PER_TURN_MAX {
+            match wire.read(&mut sink) {
+                Ok(0) => {
+                    *peer_eof = true;
+                    if *shut {
+                        self.drop_slot(id, "closed", now);
+                    }
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return self.drop_slot(id, "closed (reset)", now),
+            }
+        }
+        self.backlog.insert(id);
+    }
+
+    /// Takes every decision the core made and carries it out (buffers; `write` sends).
+    fn drain_outputs(&mut self) {
+        let now = self.clock.now();
+        while let Some(output) = self.host.poll_output() {
+            match output {
+                Output::Send { conn, frame } => {
+                    let Some(slot) = self.slots.get_mut(&conn.0) else {
+                        continue;
+                    };
+                    if let Phase::Open { ws } = &mut slot.phase {
+                        ws.get_mut().push_text(frame.as_bytes());
+                        self.dirty.insert(conn.0);
+                    }
+                }
+                Output::Close { conn, code, reason } => {
+                    self.close(conn.0, code.code(), reason, now)
+                }
+            }
+        }
+    }
+
+    /// Closes an open WebSocket with a close frame and tells the core it is gone.
+    fn close(&mut self, id: u64, code: u16, reason: &'static str, now: Now) {
+        tracing::info!(conn = id, code, reason, "closing");
+        self.close_with(id, Some((code, reason)), now);
+    }
+
+    /// Moves an open WebSocket to the closing phase, appending our close frame when `frame` is
+    /// set (a peer-initiated close already has tungstenite's reply in the Wire), and reports
+    /// `Input::Closed`. Frames the core sent before the close stay ahead of it in the buffer.
+    fn close_with(&mut self, id: u64, frame: Option<(u16, &'static str)>, now: Now) {
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        if !matches!(slot.phase, Phase::Open { .. }) {
+            // Already closing (the core may close a connection the peer just closed).
+            return;
+        }
+        let Phase::Open { ws } = std::mem::replace(&mut slot.phase, Phase::Moving) else {
+            return;
+        };
+        let mut wire = ws.into_inner();
+        if let Some((code, reason)) = frame {
+            wire.push_close(code, reason);
+        }
+        self.host.handle(now, Input::Closed { conn: ConnId(id) });
+        self.linger(id, wire, now);
+    }
+
+    /// Writes a connection's pending bytes and reports core frames that reached the socket.
+    fn write(&mut self, id: u64) {
+        let now = self.clock.now();
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let Some(wire) = slot.wire_mut() else { return };
+        let drained = match wire.send() {
+            Ok(drained) => drained,
+            Err(e) => {
+                let why = if e.kind() == io::ErrorKind::BrokenPipe {
+                    "peer gone"
+                } else {
+                    "write error"
+                };
+                return self.drop_slot(id, why, now);
+            }
+        };
+        let pending = wire.pending_bytes();
+        let flushed = wire.settle();
+        if drained == slot.writable {
+            let interest = if drained {
+                Interest::READABLE
+            } else {
+                Interest::READABLE | Interest::WRITABLE
+            };
+            let token = Token(id as usize);
+            let registered = slot
+                .wire_mut()
+                .map(|w| self.poll.registry().reregister(&mut w.tcp, token, interest));
+            if let Some(Err(e)) = registered {
+                tracing::warn!(conn = id, error = %e, "reregister failed");
+                return self.drop_slot(id, "reregister failed", now);
+            }
+            slot.writable = !drained;
+        }
+        match &mut slot.phase {
+            Phase::Open { .. } => {
+                if flushed > 0 {
+                    self.host.handle(
+                        now,
+                        Input::Flushed {
+                            conn: ConnId(id),
+                            bytes: flushed,
+                        },
+                    );
+                }
+                if pending > self.out_bytes_max {
+                    self.drop_slot(id, "outbound bytes over the driver cap", now);
+                }
+            }
+            Phase::Closing {
+                wire,
+                shut,
+                peer_eof,
+                ..
+            } if drained && !*shut => {
+                *shut = true;
+                let _ = wire.tcp.shutdown(Shutdown::Write);
+                if *peer_eof {
+                    self.drop_slot(id, "closed", now);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Forgets a socket at once. An open WebSocket is reported closed to the core.
+    fn drop_slot(&mut self, id: u64, why: &'static str, now: Now) {
+        let Some(mut slot) = self.slots.remove(&id) else {
+            return;
+        };
+        match &slot.phase {
+            Phase::Head { deadline_ms, .. } | Phase::Closing { deadline_ms, .. } => {
+                self.deadlines.remove(&(*deadline_ms, id));
+            }
+            Phase::Open { .. } => {
+                self.host.handle(now, Input::Closed { conn: ConnId(id) });
+            }
+            Phase::Moving => {}
+        }
+        if let Some(wire) = slot.wire_mut() {
+            let _ = self.poll.registry().deregister(&mut wire.tcp);
+        }
+        self.backlog.remove(&id);
+        self.dirty.remove(&id);
+        tracing::debug!(conn = id, peer = %slot.peer, why, "socket dropped");
+    }
+}
+
+/// Why a read turn on a WebSocket stopped.
+enum Stop {
+    /// The socket has nothing more for now.
+    Drained,
+    /// The turn's message budget ran out; more may wait.
+    Budget,
+    /// We close it with this code and reason.
+    Close(u16, &'static str),
+    /// The peer sent a close frame with this code (1005: none).
+    PeerClosed(u16),
+    /// It is gone without a close handshake.
+    Gone(&'static str),
+}

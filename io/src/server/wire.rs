@@ -1,0 +1,271 @@
+//! One connection's byte stream: the socket, an outbound buffer the driver drains into it, and
+//! the ledger that turns bytes that reached the socket into `Input::Flushed` counts.
+//!
+//! tungstenite reads and decodes the peer's frames through [`Wire`]'s `Read`. Everything the host
+//! sends goes through the outbound buffer, in stream order: the HTTP response, the text frames
+//! the core emits (encoded here), close frames, and the pongs and close replies tungstenite
+//! writes on its own through [`Wire`]'s `Write` (which only appends, so tungstenite never sees
+//! `WouldBlock` and never holds bytes back). Because one buffer carries everything, the driver
+//! knows the exact stream offset at which each core frame ends, and reports a frame flushed once
+//! every byte up to that offset was accepted by the socket: never early, never twice.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+
+use mio::net::TcpStream;
+
+/// Bytes of already-sent buffer worth moving to reclaim (below this the prefix just waits).
+const COMPACT_BYTES_MIN: usize = 64 * 1024;
+
+/// Capacity kept by a drained buffer; a burst larger than this is given back to the allocator.
+const IDLE_CAPACITY_BYTES_MAX: usize = 256 * 1024;
+
+/// WebSocket opcodes the host sends itself.
+const OPCODE_TEXT: u8 = 0x1;
+const OPCODE_CLOSE: u8 = 0x8;
+
+/// A close reason must fit a control frame: 125 bytes minus the 2-byte code.
+const CLOSE_REASON_BYTES_MAX: usize = 123;
+
+/// The socket plus everything waiting to be written to it.
+#[derive(Debug)]
+pub(crate) struct Wire {
+    pub(crate) tcp: TcpStream,
+    /// Outbound bytes; `out[head..]` is not yet written. Invariant: `head <= out.len()`.
+    out: Vec<u8>,
+    head: usize,
+    /// Bytes ever appended to `out`, and bytes ever written to the socket: stream offsets.
+    /// Invariant: `sent <= appended` and `appended - sent == out.len() - head`.
+    appended: u64,
+    sent: u64,
+    /// Core frames not yet reported flushed: (stream offset just past the frame, payload bytes),
+    /// in stream order.
+    ledger: VecDeque<(u64, u64)>,
+}
+
+impl Wire {
+    pub(crate) fn new(tcp: TcpStream) -> Wire {
+        Wire {
+            tcp,
+            out: Vec::new(),
+            head: 0,
+            appended: 0,
+            sent: 0,
+            ledger: VecDeque::new(),
+        }
+    }
+
+    /// Bytes waiting for the socket.
+    pub(crate) fn pending_bytes(&self) -> u64 {
+        debug_assert_eq!(
+            self.appended - self.sent,
+            (self.out.len() - self.head) as u64
+        );
+        self.appended - self.sent
+    }
+
+    /// Appends bytes that are not a core frame (an HTTP response).
+    pub(crate) fn push_raw(&mut self, bytes: &[u8]) {
+        self.out.extend_from_slice(bytes);
+        self.appended += bytes.len() as u64;
+    }
+
+    /// Appends one core frame as a WebSocket text message and records where it ends.
+    pub(crate) fn push_text(&mut self, payload: &[u8]) {
+        encode_frame(&mut self.out, OPCODE_TEXT, payload);
+        self.appended = self.sent + (self.out.len() - self.head) as u64;
+        self.ledger.push_back((self.appended, payload.len() as u64));
+    }
+
+    /// Appends a close frame with `code` and `reason` (cut to fit a control frame).
+    pub(crate) fn push_close(&mut self, code: u16, reason: &str) {
+        let mut cut = reason.len().min(CLOSE_REASON_BYTES_MAX);
+        while !reason.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut payload = Vec::with_capacity(2 + cut);
+        payload.extend_from_slice(&code.to_be_bytes());
+        payload.extend_from_slice(&reason.as_bytes()[..cut]);
+        encode_frame(&mut self.out, OPCODE_CLOSE, &payload);
+        self.appended = self.sent + (self.out.len() - self.head) as u64;
+    }
+
+    /// Writes buffered bytes until the buffer is empty (`Ok(true)`) or the socket would block
+    /// (`Ok(false)`). Any other error means the connection is broken.
+    pub(crate) fn send(&mut self) -> io::Result<bool> {
+        while self.head < self.out.len() {
+            match self.tcp.write(&self.out[self.head..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.head += n;
+                    self.sent += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.compact();
+        debug_assert!(
+            self.sent <= self.appended,
+            "sent {} past appended {}",
+            self.sent,
+            self.appended
+        );
+        Ok(self.head == self.out.len())
+    }
+
+    /// Payload bytes of core frames that reached the socket since the last call.
+    pub(crate) fn settle(&mut self) -> u64 {
+        let mut bytes = 0;
+        while let Some(&(end, len)) = self.ledger.front() {
+            if end > self.sent {
+                break;
+            }
+            bytes += len;
+            self.ledger.pop_front();
+        }
+        bytes
+    }
+
+    fn compact(&mut self) {
+        if self.head == self.out.len() {
+            self.out.clear();
+            self.head = 0;
+            if self.out.capacity() > IDLE_CAPACITY_BYTES_MAX {
+                self.out.shrink_to(IDLE_CAPACITY_BYTES_MAX);
+            }
+        } else if self.head >= COMPACT_BYTES_MIN && self.head * 2 >= self.out.len() {
+            self.out.drain(..self.head);
+            self.head = 0;
+        }
+    }
+}
+
+/// tungstenite reads the peer's bytes straight from the socket.
+impl Read for Wire {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.tcp.read(buf)
+    }
+}
+
+/// tungstenite's own writes (pongs, close replies) join the outbound buffer in stream order.
+/// Never blocks and never fails, so tungstenite keeps nothing buffered on its side.
+impl Write for Wire {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.push_raw(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Encodes one unfragmented, unmasked frame (RFC 6455 section 5.2; servers never mask).
+fn encode_frame(out: &mut Vec<u8>, opcode: u8, payload: &[u8]) {
+    out.reserve(payload.len() + 10);
+    out.push(0x80 | opcode);
+    match payload.len() {
+        n if n < 126 => out.push(n as u8),
+        n if n <= usize::from(u16::MAX) => {
+            out.push(126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(payload);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_frame(&mut out, opcode, payload);
+        out
+    }
+
+    #[test]
+    fn frames_use_the_shortest_length_form() {
+        assert_eq!(frame(OPCODE_TEXT, b"hi"), vec![0x81, 2, b'h', b'i']);
+        let f = frame(OPCODE_TEXT, &[b'x'; 125]);
+        assert_eq!(&f[..2], &[0x81, 125]);
+        let f = frame(OPCODE_TEXT, &[b'x'; 126]);
+        assert_eq!(&f[..4], &[0x81, 126, 0, 126]);
+        assert_eq!(f.len(), 4 + 126);
+        let f = frame(OPCODE_TEXT, &[b'x'; 65_536]);
+        assert_eq!(&f[..10], &[0x81, 127, 0, 0, 0, 0, 0, 1, 0, 0]);
+        assert_eq!(f.len(), 10 + 65_536);
+    }
+
+    /// A connected pair on loopback: the server side as a mio stream, the client side blocking.
+    fn pair() -> (Wire, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (server, _) = listener.accept().expect("accept");
+        server.set_nonblocking(true).expect("nonblocking");
+        (Wire::new(TcpStream::from_std(server)), client)
+    }
+
+    #[test]
+    fn close_frames_carry_code_and_a_cut_reason() {
+        let (mut wire, mut client) = pair();
+        wire.push_close(1003, "JSON text frames required");
+        wire.push_close(1000, &"é".repeat(100));
+        assert!(wire.send().expect("send"));
+        assert_eq!(wire.settle(), 0, "close frames are not core frames");
+        let mut buf = vec![0u8; 2 + 2 + 25 + 2 + 2 + 122];
+        client.read_exact(&mut buf).expect("read");
+        assert_eq!(&buf[..4], &[0x88, 27, 0x03, 0xEB]);
+        assert_eq!(&buf[4..29], b"JSON text frames required");
+        assert_eq!(
+            &buf[29..33],
+            &[0x88, 124, 0x03, 0xE8],
+            "reason cut to 122 bytes at a char boundary"
+        );
+    }
+
+    #[test]
+    fn ledger_reports_each_frame_once_after_its_last_byte() {
+        let (mut wire, mut client) = pair();
+        wire.push_raw(b"HTTP/1.1 101 Switching Protocols\r\n\r\n");
+        wire.push_text(b"{\"a\":1}");
+        let _ = wire.write(&[0x8A, 0]).expect("a pong from tungstenite");
+        wire.push_text(b"{\"b\":2}");
+        assert_eq!(wire.settle(), 0, "nothing reached the socket yet");
+        let total = wire.pending_bytes();
+        assert!(wire.send().expect("send"));
+        assert_eq!(wire.pending_bytes(), 0);
+        assert_eq!(wire.settle(), 14);
+        assert_eq!(wire.settle(), 0, "never twice");
+        let mut buf = vec![0u8; total as usize];
+        client.read_exact(&mut buf).expect("read");
+        assert!(buf.ends_with(&[0x8A, 0, 0x81, 7, b'{', b'"', b'b', b'"', b':', b'2', b'}']));
+    }
+
+    #[test]
+    fn a_blocked_socket_reports_only_whole_frames() {
+        let (mut wire, client) = pair();
+        let payload = vec![b'x'; 1 << 20];
+        let mut frames = 0u64;
+        // Far more than loopback buffers hold while the client reads nothing.
+        while frames < 64 {
+            wire.push_text(&payload);
+            frames += 1;
+        }
+        let drained = wire.send().expect("send");
+        assert!(!drained, "64 MiB cannot fit in socket buffers");
+        let reported = wire.settle();
+        assert_eq!(reported % (1 << 20), 0, "only whole frames are reported");
+        let written_frames = wire.sent / ((1 << 20) + 10);
+        assert_eq!(reported, written_frames * (1 << 20));
+        assert!(reported < frames * (1 << 20));
+        drop(client);
+    }
+}

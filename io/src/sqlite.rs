@@ -1,0 +1,901 @@
+//! The durable [`Store`]: one SQLite database file, written through one transaction per change.
+//!
+//! Why SQLite: a single file, atomic multi-row transactions and a bundled library, so a fresh
+//! machine needs nothing installed. Durability settings follow the AXP host: WAL with
+//! `synchronous=FULL`, so a change the host has broadcast is on disk (the host commits *before*
+//! it applies or sends anything).
+//!
+//! ## Owner lock
+//! Two hosts on one database would both hand out `serverSeq` values and corrupt each other's
+//! history. Each `SqliteStore` therefore holds an exclusive transaction on a second, tiny
+//! database `<path>.lock` for its whole life. The lock is taken with `busy_timeout=0`, so a second
+//! host fails at once with [`OpenError::Locked`]; the operating system drops it when the process
+//! dies, so a crash never leaves a stale lock behind (unlike a pid file).
+//!
+//! ## Schema (version 1, in `PRAGMA user_version`)
+//! - `meta(key, value)`: `server_seq` as decimal text.
+//! - `records(key, value)`: channel state and host bookkeeping as JSON text.
+//! - `events(seq, channel, envelope)`: committed envelopes; index on `(channel, seq)`.
+//! - `receipts(owner, key, fingerprint, result)`: retry receipts, keyed per principal.
+//! - `clients(id, owner, last_client_seq)`: clientId bindings.
+//!
+//! A database with a newer schema version is refused rather than guessed at.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{self, OpenOptions};
+use std::io;
+#[cfg(unix)]
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use axhost_core::{Change, ClientRecord, Event, Loaded, Receipt, Store, StoreError};
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
+
+/// The schema this build writes and reads.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long a statement waits for a lock held by another connection. Only this process writes
+/// (the owner lock guarantees it), so waiting at all means an external reader such as a backup.
+const BUSY_TIMEOUT: Duration = Duration::from_millis(5000);
+
+/// The `meta` key holding the highest committed `serverSeq`.
+const META_SERVER_SEQ: &str = "server_seq";
+
+const SCHEMA_SQL: &str = "
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS records(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_channel ON events(channel, seq);
+CREATE TABLE IF NOT EXISTS receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
+CREATE TABLE IF NOT EXISTS clients(id TEXT PRIMARY KEY, owner TEXT NOT NULL, last_client_seq INTEGER NOT NULL);
+";
+
+/// Why [`SqliteStore::open`] failed. Every message names the file.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// Another live `SqliteStore` (in this or another process) holds the owner lock.
+    Locked {
+        /// The database path that was asked for.
+        path: PathBuf,
+    },
+    /// The database has a schema version this build does not know.
+    NewerSchema {
+        /// The database path.
+        path: PathBuf,
+        /// The `user_version` found in the file.
+        found: i64,
+    },
+    /// The database or lock file could not be created or have its permissions set.
+    Io {
+        /// The file concerned.
+        path: PathBuf,
+        /// What was being done.
+        action: &'static str,
+        /// The operating system's error.
+        source: io::Error,
+    },
+    /// SQLite refused an open, a pragma or the schema setup.
+    Sqlite {
+        /// The file concerned.
+        path: PathBuf,
+        /// What was being done.
+        action: &'static str,
+        /// SQLite's error.
+        source: rusqlite::Error,
+    },
+    /// The file is a SQLite database, but its contents break an invariant of this schema.
+    Corrupt {
+        /// The database path.
+        path: PathBuf,
+        /// What is wrong (never a payload).
+        problem: String,
+    },
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::Locked { path } => write!(
+                f,
+                "another axhost process owns {}; stop it or choose another data directory",
+                path.display()
+            ),
+            OpenError::NewerSchema { path, found } => write!(
+                f,
+                "{}: database was created by a newer axhost (schema version {found}, this build \
+                 reads up to {SCHEMA_VERSION})",
+                path.display()
+            ),
+            OpenError::Io {
+                path,
+                action,
+                source,
+            } => {
+                write!(f, "{}: {action}: {source}", path.display())
+            }
+            OpenError::Sqlite {
+                path,
+                action,
+                source,
+            } => {
+                write!(f, "{}: {action}: {source}", path.display())
+            }
+            OpenError::Corrupt { path, problem } => {
+                write!(f, "{}: database is inconsistent: {problem}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for OpenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpenError::Io { source, .. } => Some(source),
+            OpenError::Sqlite { source, .. } => Some(source),
+            OpenError::Locked { .. }
+            | OpenError::NewerSchema { .. }
+            | OpenError::Corrupt { .. } => None,
+        }
+    }
+}
+
+/// The SQLite-backed [`Store`]. Owns the database for as long as it lives.
+pub struct SqliteStore {
+    /// The database. Declared before `_owner_lock` so it closes first: the lock must outlive
+    /// every write.
+    conn: Connection,
+    /// Holds `BEGIN EXCLUSIVE` on `<path>.lock`; dropping it releases ownership.
+    _owner_lock: Connection,
+    path: PathBuf,
+    /// The last committed `serverSeq`, mirrored so `commit` can refuse a change that would move
+    /// it backwards without a query.
+    server_seq: u64,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .field("server_seq", &self.server_seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` and takes the owner lock.
+    ///
+    /// The database, its lock file and (through SQLite, which copies the database's mode) its
+    /// WAL files are readable by the owner only: they hold every session's content.
+    pub fn open(path: &Path) -> Result<SqliteStore, OpenError> {
+        // The lock comes first so that two hosts racing to open never both touch the schema.
+        let owner_lock = take_owner_lock(path)?;
+        let conn = open_database(path)?;
+        let server_seq = read_server_seq(&conn).map_err(|e| match e {
+            ReadSeqError::Sqlite(source) => OpenError::Sqlite {
+                path: path.to_owned(),
+                action: "reading server_seq",
+                source,
+            },
+            ReadSeqError::Corrupt(problem) => OpenError::Corrupt {
+                path: path.to_owned(),
+                problem,
+            },
+        })?;
+        tracing::debug!(path = %path.display(), server_seq, "opened store");
+        Ok(SqliteStore {
+            conn,
+            _owner_lock: owner_lock,
+            path: path.to_owned(),
+            server_seq,
+        })
+    }
+
+    /// The database file this store owns.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes every part of `change` inside the already-open transaction `tx`.
+    fn write_change(tx: &Connection, change: &Change) -> Result<(), StoreError> {
+        for write in &change.records {
+            match &write.value {
+                Some(value) => {
+                    let mut stmt = tx
+                        .prepare_cached(
+                            "INSERT INTO records(key, value) VALUES (?1, ?2) \
+                             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                        )
+                        .map_err(sql("preparing record write"))?;
+                    stmt.execute(params![write.key, value])
+                        .map_err(sql("writing a record"))?;
+                }
+                None => {
+                    let mut stmt = tx
+                        .prepare_cached("DELETE FROM records WHERE key = ?1")
+                        .map_err(sql("preparing record delete"))?;
+                    stmt.execute(params![write.key])
+                        .map_err(sql("deleting a record"))?;
+                }
+            }
+        }
+        if !change.events.is_empty() {
+            let mut stmt = tx
+                .prepare_cached("INSERT INTO events(seq, channel, envelope) VALUES (?1, ?2, ?3)")
+                .map_err(sql("preparing event insert"))?;
+            for event in &change.events {
+                stmt.execute(params![
+                    to_i64(event.seq, "event seq")?,
+                    event.channel,
+                    event.envelope
+                ])
+                .map_err(sql("appending an event"))?;
+            }
+        }
+        if let Some(r) = &change.receipt {
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT INTO receipts(owner, key, fingerprint, result) VALUES (?1, ?2, ?3, ?4) \
+                     ON CONFLICT(owner, key) DO UPDATE SET \
+                     fingerprint = excluded.fingerprint, result = excluded.result",
+                )
+                .map_err(sql("preparing receipt write"))?;
+            stmt.execute(params![r.owner, r.key, r.fingerprint, r.result])
+                .map_err(sql("writing a receipt"))?;
+        }
+        if !change.clients.is_empty() {
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT INTO clients(id, owner, last_client_seq) VALUES (?1, ?2, ?3) \
+                     ON CONFLICT(id) DO UPDATE SET \
+                     owner = excluded.owner, last_client_seq = excluded.last_client_seq",
+                )
+                .map_err(sql("preparing client write"))?;
+            for c in &change.clients {
+                let last = to_i64(c.last_client_seq, "last_client_seq")?;
+                stmt.execute(params![c.client_id, c.owner, last])
+                    .map_err(sql("writing a client binding"))?;
+            }
+        }
+        let mut stmt = tx
+            .prepare_cached(
+                "INSERT INTO meta(key, value) VALUES (?1, ?2) \
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            )
+            .map_err(sql("preparing server_seq write"))?;
+        stmt.execute(params![META_SERVER_SEQ, change.server_seq.to_string()])
+            .map_err(sql("writing server_seq"))?;
+        Ok(())
+    }
+}
+
+/// Refuses a change that would move `serverSeq` backwards or append events out of order, so a
+/// bug upstream cannot rewrite history on disk. `current` is the last committed `serverSeq`.
+fn check_order(current: u64, change: &Change) -> Result<(), StoreError> {
+    if change.server_seq < current {
+        return Err(StoreError(format!(
+            "serverSeq would go backwards: {} after {current}",
+            change.server_seq
+        )));
+    }
+    let mut last = current;
+    for event in &change.events {
+        if event.seq <= last {
+            return Err(StoreError(format!(
+                "event seq {} not above {last}",
+                event.seq
+            )));
+        }
+        last = event.seq;
+    }
+    if last > change.server_seq {
+        return Err(StoreError(format!(
+            "event seq {last} above the change's serverSeq {}",
+            change.server_seq
+        )));
+    }
+    Ok(())
+}
+
+impl Store for SqliteStore {
+    fn load(&mut self, events_tail_max: u32) -> Result<Loaded, StoreError> {
+        // One read transaction, so the parts are from the same instant.
+        let tx = self.conn.transaction().map_err(sql("starting the load"))?;
+        let server_seq = read_server_seq(&tx).map_err(|e| match e {
+            ReadSeqError::Sqlite(e) => sql("reading server_seq")(e),
+            ReadSeqError::Corrupt(problem) => StoreError(problem),
+        })?;
+        let records = {
+            let mut stmt = tx
+                .prepare_cached("SELECT key, value FROM records ORDER BY key")
+                .map_err(sql("preparing the records query"))?;
+            let rows = stmt
+                .query_map([], |row| {
+                    Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+                })
+                .map_err(sql("reading records"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(sql("reading records"))?
+        };
+        let events_tail = {
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT seq, channel, envelope FROM \
+                     (SELECT seq, channel, envelope FROM events ORDER BY seq DESC LIMIT ?1) \
+                     ORDER BY seq ASC",
+                )
+                .map_err(sql("preparing the events query"))?;
+            let rows = stmt
+                .query_map(params![i64::from(events_tail_max)], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                    ))
+                })
+                .map_err(sql("reading events"))?;
+            let mut events = Vec::new();
+            for row in rows {
+                let (seq, channel, envelope) = row.map_err(sql("reading events"))?;
+                events.push(Event {
+                    seq: from_i64(seq, "event seq")?,
+                    channel,
+                    envelope,
+                });
+            }
+            events
+        };
+        if let Some(newest) = events_tail.last() {
+            if newest.seq > server_seq {
+                return Err(StoreError(format!(
+                    "event seq {} above the stored serverSeq {server_seq}",
+                    newest.seq
+                )));
+            }
+        }
+        let clients = {
+            let mut stmt = tx
+                .prepare_cached("SELECT id, owner, last_client_seq FROM clients ORDER BY id")
+                .map_err(sql("preparing the clients query"))?;
+            let rows = stmt
+                .query_map([], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, i64>(2)?,
+                    ))
+                })
+                .map_err(sql("reading clients"))?;
+            let mut clients = Vec::new();
+            for row in rows {
+                let (client_id, owner, last) = row.map_err(sql("reading clients"))?;
+                let last_client_seq = from_i64(last, "last_client_seq")?;
+                clients.push(ClientRecord {
+                    client_id,
+                    owner,
+                    last_client_seq,
+                });
+            }
+            clients
+        };
+        tx.commit().map_err(sql("finishing the load"))?;
+        self.server_seq = server_seq;
+        Ok(Loaded {
+            server_seq,
+            records,
+            events_tail,
+            clients,
+        })
+    }
+
+    fn commit(&mut self, change: &Change) -> Result<(), StoreError> {
+        check_order(self.server_seq, change)?;
+        // IMMEDIATE takes the write lock up front, so the transaction cannot fail half-way for
+        // want of it. Dropping `tx` without `commit` rolls everything back.
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("starting a transaction"))?;
+        SqliteStore::write_change(&tx, change)?;
+        tx.commit().map_err(sql("committing"))?;
+        self.server_seq = change.server_seq;
+        Ok(())
+    }
+
+    fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT fingerprint, result FROM receipts WHERE owner = ?1 AND key = ?2",
+            )
+            .map_err(sql("preparing the receipt query"))?;
+        let found = stmt
+            .query_row(params![owner, key], |row| {
+                Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+            })
+            .optional()
+            .map_err(sql("reading a receipt"))?;
+        Ok(found.map(|(fingerprint, result)| Receipt {
+            owner: owner.to_owned(),
+            key: key.to_owned(),
+            fingerprint,
+            result,
+        }))
+    }
+}
+
+/// Wraps a SQLite error with what was being done. SQLite messages never contain bound values,
+/// so no payload reaches the error.
+fn sql(action: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |e| StoreError(format!("sqlite: {action}: {e}"))
+}
+
+/// SQLite integers are signed; a sequence number past `i64::MAX` cannot be stored faithfully.
+fn to_i64(value: u64, what: &str) -> Result<i64, StoreError> {
+    i64::try_from(value).map_err(|_| StoreError(format!("{what} {value} does not fit in SQLite")))
+}
+
+fn from_i64(value: i64, what: &str) -> Result<u64, StoreError> {
+    u64::try_from(value).map_err(|_| StoreError(format!("stored {what} {value} is negative")))
+}
+
+enum ReadSeqError {
+    Sqlite(rusqlite::Error),
+    Corrupt(String),
+}
+
+/// The committed `serverSeq` (0 for a new database).
+fn read_server_seq(conn: &Connection) -> Result<u64, ReadSeqError> {
+    let text: Option<Option<String>> = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = ?1",
+            params![META_SERVER_SEQ],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(ReadSeqError::Sqlite)?;
+    match text.flatten() {
+        None => Ok(0),
+        Some(t) => t
+            .parse::<u64>()
+            .map_err(|_| ReadSeqError::Corrupt("meta.server_seq is not a number".to_owned())),
+    }
+}
+
+/// `<path>.lock`, beside the database.
+fn lock_path(path: &Path) -> PathBuf {
+    let mut s = OsString::from(path.as_os_str());
+    s.push(".lock");
+    PathBuf::from(s)
+}
+
+/// Creates `path` with mode 0600 if it does not exist, and tightens it to 0600 if it does.
+/// Creating it ourselves (rather than letting SQLite do it under the umask) means the file is
+/// never readable by others, not even for an instant.
+fn create_private(path: &Path) -> Result<(), OpenError> {
+    let io_err = |action: &'static str| {
+        move |source: io::Error| OpenError::Io {
+            path: path.to_owned(),
+            action,
+            source,
+        }
+    };
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let file = options.open(path).map_err(io_err("creating the file"))?;
+    #[cfg(unix)]
+    {
+        let mode = file
+            .metadata()
+            .map_err(io_err("reading permissions"))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+                .map_err(io_err("restricting permissions to 0600"))?;
+        }
+    }
+    drop(file);
+    Ok(())
+}
+
+/// Whether a SQLite error means another connection holds a lock we asked for without waiting.
+fn is_lock_conflict(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Takes the exclusive owner lock on `<path>.lock` (see the module docs).
+fn take_owner_lock(path: &Path) -> Result<Connection, OpenError> {
+    let lock = lock_path(path);
+    create_private(&lock)?;
+    let lock_ref = &lock;
+    let fail = |action: &'static str| {
+        move |source: rusqlite::Error| {
+            if is_lock_conflict(&source) {
+                OpenError::Locked {
+                    path: path.to_owned(),
+                }
+            } else {
+                OpenError::Sqlite {
+                    path: lock_ref.to_owned(),
+                    action,
+                    source,
+                }
+            }
+        }
+    };
+    let conn = Connection::open(&lock).map_err(fail("opening the lock database"))?;
+    conn.busy_timeout(Duration::ZERO)
+        .map_err(fail("setting busy_timeout on the lock"))?;
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS owner(id INTEGER)")
+        .map_err(fail("preparing the lock database"))?;
+    conn.execute_batch("BEGIN EXCLUSIVE")
+        .map_err(fail("taking the owner lock"))?;
+    Ok(conn)
+}
+
+/// Opens the database, applies the pragmas and creates or checks the schema.
+fn open_database(path: &Path) -> Result<Connection, OpenError> {
+    create_private(path)?;
+    let fail = |action: &'static str| {
+        move |source: rusqlite::Error| OpenError::Sqlite {
+            path: path.to_owned(),
+            action,
+            source,
+        }
+    };
+    let mut conn = Connection::open(path).map_err(fail("opening the database"))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(fail("setting busy_timeout"))?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(fail("reading the schema version"))?;
+    if version > SCHEMA_VERSION {
+        return Err(OpenError::NewerSchema {
+            path: path.to_owned(),
+            found: version,
+        });
+    }
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(fail("setting journal_mode=WAL"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(OpenError::Corrupt {
+            path: path.to_owned(),
+            problem: format!("journal_mode stayed {mode:?} instead of WAL"),
+        });
+    }
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(fail("setting synchronous=FULL"))?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(fail("setting foreign_keys=ON"))?;
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(fail("starting schema setup"))?;
+    tx.execute_batch(SCHEMA_SQL)
+        .map_err(fail("creating the schema"))?;
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .map_err(fail("writing the schema version"))?;
+    tx.commit().map_err(fail("committing the schema"))?;
+    Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axhost_core::RecordWrite;
+
+    fn event(seq: u64, channel: &str) -> Event {
+        Event {
+            seq,
+            channel: channel.into(),
+            envelope: format!("{{\"seq\":{seq}}}"),
+        }
+    }
+
+    fn receipt(owner: &str, key: &str, result: &str) -> Receipt {
+        Receipt {
+            owner: owner.into(),
+            key: key.into(),
+            fingerprint: "ab".repeat(32),
+            result: result.into(),
+        }
+    }
+
+    fn client(id: &str, owner: &str, last: u64) -> ClientRecord {
+        ClientRecord {
+            client_id: id.into(),
+            owner: owner.into(),
+            last_client_seq: last,
+        }
+    }
+
+    fn write(key: &str, value: Option<&str>) -> RecordWrite {
+        RecordWrite {
+            key: key.into(),
+            value: value.map(str::to_owned),
+        }
+    }
+
+    /// Two changes: records written, one deleted again, three events, receipts and clients.
+    fn populate(store: &mut SqliteStore) {
+        store
+            .commit(&Change {
+                server_seq: 2,
+                records: vec![write("b", Some("{\"b\":1}")), write("a", Some("{\"a\":1}"))],
+                events: vec![event(1, "ahp-root://"), event(2, "ahp-session:/s1")],
+                receipt: Some(receipt("alice", "dispatch:c1:1", "null")),
+                clients: vec![client("c1", "alice", 1)],
+            })
+            .expect("first commit");
+        store
+            .commit(&Change {
+                server_seq: 3,
+                records: vec![write("b", None), write("a", Some("{\"a\":2}"))],
+                events: vec![event(3, "ahp-session:/s1")],
+                receipt: Some(receipt("alice", "dispatch:c1:2", "{\"ok\":true}")),
+                clients: vec![client("c1", "alice", 2), client("c2", "bob", 0)],
+            })
+            .expect("second commit");
+    }
+
+    fn assert_populated(store: &mut SqliteStore) {
+        let loaded = store.load(10).expect("load");
+        assert_eq!(loaded.server_seq, 3);
+        assert_eq!(
+            loaded.records,
+            vec![("a".to_owned(), "{\"a\":2}".to_owned())]
+        );
+        assert_eq!(
+            loaded.events_tail,
+            vec![
+                event(1, "ahp-root://"),
+                event(2, "ahp-session:/s1"),
+                event(3, "ahp-session:/s1")
+            ]
+        );
+        assert_eq!(
+            loaded.clients,
+            vec![client("c1", "alice", 2), client("c2", "bob", 0)]
+        );
+        assert_eq!(
+            store.receipt("alice", "dispatch:c1:1").expect("receipt"),
+            Some(receipt("alice", "dispatch:c1:1", "null"))
+        );
+        assert_eq!(
+            store.receipt("alice", "dispatch:c1:2").expect("receipt"),
+            Some(receipt("alice", "dispatch:c1:2", "{\"ok\":true}"))
+        );
+        assert_eq!(
+            store.receipt("bob", "dispatch:c1:1").expect("receipt"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_new_database_loads_empty() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = SqliteStore::open(&dir.path().join("x.db")).expect("open");
+        assert_eq!(store.load(4096).expect("load"), Loaded::default());
+    }
+
+    #[test]
+    fn round_trip_of_changes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = SqliteStore::open(&dir.path().join("x.db")).expect("open");
+        populate(&mut store);
+        assert_populated(&mut store);
+    }
+
+    #[test]
+    fn the_event_tail_is_the_newest_oldest_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = SqliteStore::open(&dir.path().join("x.db")).expect("open");
+        populate(&mut store);
+        let loaded = store.load(2).expect("load");
+        let seqs: Vec<u64> = loaded.events_tail.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![2, 3]);
+        assert!(store.load(0).expect("load").events_tail.is_empty());
+    }
+
+    #[test]
+    fn a_restart_keeps_everything() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db");
+        {
+            let mut store = SqliteStore::open(&path).expect("open");
+            populate(&mut store);
+        }
+        let mut store = SqliteStore::open(&path).expect("reopen");
+        assert_populated(&mut store);
+        // serverSeq continues from where it was, and cannot go backwards.
+        let stale = Change {
+            server_seq: 2,
+            ..Change::default()
+        };
+        assert!(store.commit(&stale).is_err());
+        store
+            .commit(&Change {
+                server_seq: 4,
+                events: vec![event(4, "c")],
+                ..Change::default()
+            })
+            .expect("commit after restart");
+    }
+
+    #[test]
+    fn a_second_owner_is_refused_until_the_first_is_gone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db");
+        let first = SqliteStore::open(&path).expect("open");
+        let err = SqliteStore::open(&path).expect_err("second open must fail");
+        assert!(matches!(err, OpenError::Locked { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("another axhost process owns"), "{msg}");
+        assert!(msg.contains(&path.display().to_string()), "{msg}");
+        drop(first);
+        SqliteStore::open(&path).expect("open after the owner is gone");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn files_are_private() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db");
+        let mut store = SqliteStore::open(&path).expect("open");
+        populate(&mut store);
+        for p in [path.clone(), lock_path(&path), dir.path().join("x.db-wal")] {
+            let mode = fs::metadata(&p).expect("metadata").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{}", p.display());
+        }
+    }
+
+    #[test]
+    fn pragmas_and_schema_version_are_set() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = SqliteStore::open(&dir.path().join("x.db")).expect("open");
+        let q = |name: &str| -> String {
+            store
+                .conn
+                .pragma_query_value(None, name, |row| row.get::<_, rusqlite::types::Value>(0))
+                .map(|v| format!("{v:?}"))
+                .expect("pragma")
+        };
+        assert_eq!(q("journal_mode"), "Text(\"wal\")");
+        assert_eq!(q("synchronous"), "Integer(2)");
+        assert_eq!(q("foreign_keys"), "Integer(1)");
+        assert_eq!(q("busy_timeout"), "Integer(5000)");
+        assert_eq!(q("user_version"), "Integer(1)");
+    }
+
+    #[test]
+    fn a_duplicate_event_seq_is_refused_and_changes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = SqliteStore::open(&dir.path().join("x.db")).expect("open");
+        populate(&mut store);
+        let dup = Change {
+            server_seq: 3,
+            records: vec![write("a", Some("{\"a\":99}")), write("z", Some("{}"))],
+            events: vec![event(3, "ahp-root://")],
+            receipt: Some(receipt("alice", "dispatch:c1:3", "null")),
+            clients: vec![client("c3", "carol", 0)],
+        };
+        assert!(store.commit(&dup).is_err());
+        assert_populated(&mut store);
+        assert_eq!(
+            store.receipt("alice", "dispatch:c1:3").expect("receipt"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_failure_inside_the_transaction_rolls_everything_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db");
+        let mut store = SqliteStore::open(&path).expect("open");
+        populate(&mut store);
+        // Fail the client write, the last statement before server_seq: everything before it in
+        // the same transaction (records, events, receipt) must vanish with it.
+        store
+            .conn
+            .execute_batch(
+                "CREATE TEMP TRIGGER refuse_boom BEFORE INSERT ON clients \
+                 WHEN NEW.owner = 'boom' BEGIN SELECT RAISE(ABORT, 'injected'); END;",
+            )
+            .expect("trigger");
+        let change = Change {
+            server_seq: 5,
+            records: vec![write("a", Some("{\"a\":99}")), write("z", Some("{}"))],
+            events: vec![event(4, "ahp-root://"), event(5, "ahp-root://")],
+            receipt: Some(receipt("alice", "dispatch:c1:3", "null")),
+            clients: vec![client("c9", "boom", 0)],
+        };
+        let err = store.commit(&change).expect_err("injected failure");
+        assert!(err.0.contains("injected"), "{err}");
+        assert_populated(&mut store);
+        assert_eq!(
+            store.receipt("alice", "dispatch:c1:3").expect("receipt"),
+            None
+        );
+        // The store is still usable, and the seq numbers the failed change wanted are free.
+        store
+            .commit(&Change {
+                server_seq: 4,
+                events: vec![event(4, "c")],
+                ..Change::default()
+            })
+            .expect("commit after a failed one");
+        drop(store);
+        let mut store = SqliteStore::open(&path).expect("reopen");
+        assert_eq!(store.load(1).expect("load").server_seq, 4);
+    }
+
+    #[test]
+    fn out_of_order_changes_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = SqliteStore::open(&dir.path().join("x.db")).expect("open");
+        let unordered = Change {
+            server_seq: 2,
+            events: vec![event(2, "c"), event(1, "c")],
+            ..Change::default()
+        };
+        assert!(store.commit(&unordered).is_err());
+        let past_seq = Change {
+            server_seq: 1,
+            events: vec![event(2, "c")],
+            ..Change::default()
+        };
+        assert!(store.commit(&past_seq).is_err());
+        let too_big = Change {
+            server_seq: u64::MAX,
+            events: vec![event(u64::MAX, "c")],
+            ..Change::default()
+        };
+        assert!(store.commit(&too_big).is_err());
+        assert_eq!(store.load(10).expect("load"), Loaded::default());
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db");
+        {
+            let conn = Connection::open(&path).expect("raw open");
+            conn.pragma_update(None, "user_version", 2)
+                .expect("set version");
+        }
+        let err = SqliteStore::open(&path).expect_err("newer schema");
+        assert!(
+            matches!(err, OpenError::NewerSchema { found: 2, .. }),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains("database was created by a newer axhost"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_database_is_a_clear_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db");
+        fs::write(
+            &path,
+            b"this is not a sqlite database, just some text padding it out",
+        )
+        .expect("write");
+        let err = SqliteStore::open(&path).expect_err("not a database");
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+    }
+}
