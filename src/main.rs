@@ -6,6 +6,8 @@
 //!   the one time it created the first credential. It exits 0 after SIGINT or SIGTERM.
 //! - `axhost token add --id ID --role ROLE [--sessions URI,...]` prints the new token as its last
 //!   stdout line; `token list` prints `id role sessions` lines (never tokens); `token revoke`.
+//! - `axhost services [--once]`, `axhost call SERVICE METHOD JSON`, `axhost notify SERVICE METHOD
+//!   JSON` talk to a running host's client services (contract in `client_cmds.rs`).
 //! - Any failure: exit status non-zero and one line `axhost: <error>` on stderr.
 //!
 //! Logs go to stderr through `tracing` (filter with `RUST_LOG`, default `info`).
@@ -21,6 +23,8 @@ use axhost_core::{session_id_from_scope_entry, Host, HostConfig, Role, SessionSc
 use axhost_io::server::{serve, ServeOptions};
 use axhost_io::{config, datadir, Credentials, SqliteStore};
 use clap::{Parser, Subcommand};
+
+mod client_cmds;
 
 /// Where `serve` listens when neither the flag nor the config says otherwise.
 const DEFAULT_LISTEN: &str = "127.0.0.1:7331";
@@ -49,6 +53,39 @@ enum Command {
     Token {
         #[command(subcommand)]
         command: TokenCommand,
+    },
+    /// Watch the client-service catalog: the snapshot, then each change, one JSON line each.
+    Services {
+        #[command(flatten)]
+        connect: client_cmds::Connect,
+        /// Print the snapshot and exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Send a request to a client service and print its result (JSON-RPC error: exit 1).
+    Call {
+        #[command(flatten)]
+        connect: client_cmds::Connect,
+        /// Service id, or the label or protocol of exactly one visible service.
+        service: String,
+        /// Application method.
+        method: String,
+        /// Params, as JSON.
+        json: String,
+        /// How long the host waits for the service (ms); default the host's (30 s).
+        #[arg(long)]
+        timeout_ms: Option<u64>,
+    },
+    /// Send a notification to a client service (fire and forget: nothing comes back).
+    Notify {
+        #[command(flatten)]
+        connect: client_cmds::Connect,
+        /// Service id, or the label or protocol of exactly one visible service.
+        service: String,
+        /// Application method.
+        method: String,
+        /// Params, as JSON.
+        json: String,
     },
 }
 
@@ -131,6 +168,20 @@ fn run(command: Command) -> Result<(), String> {
     match command {
         Command::Serve { listen, data_dir } => run_serve(listen, data_dir_or_default(data_dir)),
         Command::Token { command } => run_token(command),
+        Command::Services { connect, once } => client_cmds::services(&connect, once),
+        Command::Call {
+            connect,
+            service,
+            method,
+            json,
+            timeout_ms,
+        } => client_cmds::call(&connect, &service, &method, &json, timeout_ms),
+        Command::Notify {
+            connect,
+            service,
+            method,
+            json,
+        } => client_cmds::notify(&connect, &service, &method, &json),
     }
 }
 

@@ -399,10 +399,8 @@ impl<S: Store> Host<S> {
                 self.on_notification(conn, &method, params);
             }
             Ok(Message::Response { id, outcome }) => {
-                if too_big(None) {
-                    self.stats.responses_dropped += 1;
-                    return;
-                }
+                // An oversized answer still ends its request, at once, with a limit error.
+                let outcome = if too_big(None) { None } else { Some(outcome) };
                 self.on_response(conn, id, outcome);
             }
         }

@@ -127,6 +127,7 @@ struct RequestParams<'a> {
 
 #[derive(Deserialize)]
 struct CancelParams<'a> {
+    channel: Cow<'a, str>,
     #[serde(borrow)]
     id: &'a RawValue,
 }
@@ -233,11 +234,12 @@ impl<S: Store> Host<S> {
 
     /// A response from a connection: completes the pending request it answers, if that
     /// connection was sent it. Anything else is dropped.
+    /// `outcome` is `None` when the message was over the size limit.
     pub(crate) fn on_response(
         &mut self,
         conn: ConnId,
         id: &RawValue,
-        outcome: Result<&RawValue, &RawValue>,
+        outcome: Option<Result<&RawValue, &RawValue>>,
     ) {
         let Some(host_id) = id.get().parse::<u64>().ok() else {
             self.stats.responses_dropped += 1;
@@ -254,11 +256,12 @@ impl<S: Store> Host<S> {
         }
         let limits = &self.config.limits;
         let outcome = match outcome {
-            Ok(result) if result.get().len() > limits.service_payload_bytes_max as usize => {
+            None => Outcome::Error(RpcError::limit("Service result is too large")),
+            Some(Ok(result)) if result.get().len() > limits.service_payload_bytes_max as usize => {
                 Outcome::Error(RpcError::limit("Service result is too large"))
             }
-            Ok(result) => Outcome::Result(result),
-            Err(error) => match serde_json::from_str::<ErrorObject<'_>>(error.get()) {
+            Some(Ok(result)) => Outcome::Result(result),
+            Some(Err(error)) => match serde_json::from_str::<ErrorObject<'_>>(error.get()) {
                 Ok(e) => {
                     let mut message: String = e.message.into_owned();
                     if message.len() > 4096 {
@@ -289,8 +292,8 @@ impl<S: Store> Host<S> {
 
     /// `$/cancelRequest` from a caller, naming its own request id.
     pub(crate) fn cancel_request(&mut self, conn: ConnId, params: Option<&RawValue>) {
-        let Some(p) = params.and_then(|p| serde_json::from_str::<CancelParams<'_>>(p.get()).ok())
-        else {
+        let parsed = params.and_then(|p| serde_json::from_str::<CancelParams<'_>>(p.get()).ok());
+        let Some(p) = parsed.filter(|p| p.channel == CATALOG) else {
             self.stats.notifications_dropped += 1;
             return;
         };

@@ -1,5 +1,6 @@
 //! axhost-io: everything that touches the outside world.
 
+pub mod client;
 pub mod config;
 pub mod credentials;
 pub mod datadir;

@@ -51,6 +51,9 @@ pub struct PrincipalSpec {
 #[derive(Default)]
 pub struct HostBuilder {
     config: Option<String>,
+    /// Text appended to `axhost.toml` after the principals exist (e.g. `[[trust_group]]`,
+    /// which may only name configured principals).
+    config_after: Option<String>,
     principals: Vec<PrincipalSpec>,
     env: Vec<(String, String)>,
 }
@@ -67,6 +70,13 @@ impl HostBuilder {
     /// Text written to `DIR/axhost.toml` before any principal is added or the host starts.
     pub fn config(mut self, toml: &str) -> HostBuilder {
         self.config = Some(toml.to_owned());
+        self
+    }
+
+    /// Text appended to `DIR/axhost.toml` once every principal was added, before the host
+    /// starts: the place for `[[trust_group]]`, which may only name configured principals.
+    pub fn config_after_principals(mut self, toml: &str) -> HostBuilder {
+        self.config_after = Some(toml.to_owned());
         self
     }
 
@@ -92,7 +102,8 @@ impl HostBuilder {
             .tempdir()
             .expect("tempdir");
         let data_dir = tmp.path().join("data");
-        let fresh = self.config.is_none() && self.principals.is_empty();
+        let fresh =
+            self.config.is_none() && self.config_after.is_none() && self.principals.is_empty();
         let mut tokens = BTreeMap::new();
         if !fresh {
             create_private_dir(&data_dir);
@@ -111,6 +122,13 @@ impl HostBuilder {
                     .map(|s| s.iter().map(String::as_str).collect());
                 let token = token_add(&data_dir, &p.id, &p.role, sessions.as_deref());
                 tokens.insert(p.id.clone(), token);
+            }
+            if let Some(extra) = &self.config_after {
+                let path = data_dir.join("axhost.toml");
+                let mut text = std::fs::read_to_string(&path).unwrap_or_default();
+                text.push('\n');
+                text.push_str(extra);
+                std::fs::write(&path, text).expect("append to axhost.toml");
             }
         }
         let mut host = HostProcess {
@@ -574,6 +592,8 @@ pub struct Ws {
     /// Frames read while waiting for something else (e.g. notifications before a response).
     queued: VecDeque<Value>,
     closed: Option<Option<CloseFrame>>,
+    /// Every JSON frame read from this socket, in arrival order (the connection's wire trace).
+    pub received: Vec<Value>,
 }
 
 /// Human-readable form of a refused handshake, with the HTTP status when there is one.
@@ -631,6 +651,7 @@ impl Ws {
             next_id: 1,
             queued: VecDeque::new(),
             closed: None,
+            received: Vec::new(),
         })
     }
 
@@ -686,6 +707,7 @@ impl Ws {
                     let v: Value = serde_json::from_str(t.as_str()).unwrap_or_else(|e| {
                         panic!("host sent a text frame that is not JSON ({e}): {t}")
                     });
+                    self.received.push(v.clone());
                     return Incoming::Json(v);
                 }
                 Ok(Message::Binary(b)) => panic!("host sent a binary frame ({} bytes)", b.len()),
@@ -882,4 +904,212 @@ pub fn code(v: &Value) -> i64 {
     e["code"]
         .as_i64()
         .unwrap_or_else(|| panic!("no error code in {v}"))
+}
+
+// ─── Client services ─────────────────────────────────────────────────────────
+
+/// The client-services channel.
+pub const CATALOG: &str = "x-client-services://";
+
+impl Ws {
+    /// Every frame that arrives until the connection has been quiet for `quiet_ms` (queued
+    /// frames first). Panics if it closes.
+    pub fn drain(&mut self, quiet_ms: u64) -> Vec<Value> {
+        let mut out: Vec<Value> = self.queued.drain(..).collect();
+        loop {
+            match self.read_frame(Duration::from_millis(quiet_ms)) {
+                Incoming::Json(v) => out.push(v),
+                Incoming::Timeout => return out,
+                Incoming::Closed(c) => panic!("connection closed while draining ({c:?}): {out:?}"),
+            }
+        }
+    }
+
+    /// `client/registerService`; returns the service id.
+    pub fn register_service(&mut self, metadata: Value, audience: Option<&[&str]>) -> String {
+        let mut params = json!({"channel": CATALOG, "metadata": metadata});
+        if let Some(a) = audience {
+            params["audience"] = json!(a);
+        }
+        let r = self.ok("client/registerService", params);
+        r["serviceId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("registerService result without serviceId: {r}"))
+            .to_owned()
+    }
+
+    /// Sends `clientService/request` with the next id (no wait); returns the id.
+    pub fn send_service_request(
+        &mut self,
+        service_id: &str,
+        method: &str,
+        params: Value,
+        timeout_ms: Option<u64>,
+    ) -> u64 {
+        self.send_request(
+            "clientService/request",
+            service_request(service_id, method, params, timeout_ms),
+        )
+    }
+
+    /// `clientService/notify`.
+    pub fn notify_service(&mut self, service_id: &str, method: &str, params: Value) {
+        self.notify(
+            "clientService/notify",
+            json!({"channel": CATALOG, "serviceId": service_id, "method": method, "params": params}),
+        );
+    }
+
+    /// Answers a host request with a result.
+    pub fn respond(&mut self, id: &Value, result: Value) {
+        self.send_json(&json!({"jsonrpc": "2.0", "id": id, "result": result}));
+    }
+
+    /// Answers a host request with an error object.
+    pub fn respond_error(&mut self, id: &Value, error: Value) {
+        self.send_json(&json!({"jsonrpc": "2.0", "id": id, "error": error}));
+    }
+}
+
+/// `clientService/request` params.
+pub fn service_request(
+    service_id: &str,
+    method: &str,
+    params: Value,
+    timeout_ms: Option<u64>,
+) -> Value {
+    let mut p =
+        json!({"channel": CATALOG, "serviceId": service_id, "method": method, "params": params});
+    if let Some(ms) = timeout_ms {
+        p["timeoutMs"] = json!(ms);
+    }
+    p
+}
+
+// ─── Child programs (sidecars, long-running CLI commands) ────────────────────
+
+/// A child process whose stdout lines are collected; SIGKILLed on drop if still running.
+pub struct Proc {
+    child: Option<Child>,
+    lines: Receiver<String>,
+    pub stdout: Vec<String>,
+    stderr_path: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Proc {
+    /// Spawns `bin ARGS` with extra environment; stderr goes to a file.
+    pub fn spawn(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Proc {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let stderr_path = tmp.path().join("stderr.log");
+        let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+        let mut child = Command::new(bin)
+            .args(args)
+            .env_remove("AXHOST_URL")
+            .env_remove("AXHOST_TOKEN")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {bin}: {e}"));
+        let stdout = child.stdout.take().expect("stdout pipe");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc {
+            child: Some(child),
+            lines: rx,
+            stdout: Vec::new(),
+            stderr_path,
+            _tmp: tmp,
+        }
+    }
+
+    /// What the process wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// The next stdout line within `timeout`, or `None`.
+    pub fn next_line(&mut self, timeout: Duration) -> Option<String> {
+        let line = self.lines.recv_timeout(timeout).ok()?;
+        self.stdout.push(line.clone());
+        Some(line)
+    }
+
+    /// The first stdout line (from now on) for which `pred` holds; panics after `timeout`.
+    pub fn wait_line(&mut self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next_line(left) {
+                Some(l) if pred(&l) => return l,
+                Some(_) => continue,
+                None => panic!(
+                    "no matching stdout line within {timeout:?}\nstdout: {:?}\nstderr: {}",
+                    self.stdout,
+                    self.stderr()
+                ),
+            }
+        }
+    }
+
+    /// Sends `signal` (e.g. `TERM`) and waits up to 10 s for the exit.
+    pub fn signal_and_wait(&mut self, signal: &str) -> ExitStatus {
+        let mut child = self.child.take().expect("process already reaped");
+        let _ = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "process did not exit within 10 s of SIG{signal}\nstderr: {}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("process already reaped");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "process still running after {timeout:?}\nstderr: {}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }

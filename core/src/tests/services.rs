@@ -675,3 +675,55 @@ fn requests_and_registrations_need_a_handshake() {
     let out = h.send(1, &json!({"jsonrpc":"2.0","method":"clientService/notify","params":{"channel":CATALOG,"serviceId":"x","method":"m","params":{}}}));
     assert!(out.is_empty());
 }
+
+#[test]
+fn an_oversized_result_fails_the_request_at_once() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "owner", &[]);
+    h.init(2, Principal::maintainer("m"), "caller", &[]);
+    let id = h.register(1, json!({}));
+    let hid = handle_request_id(&h.call(2, json!(1), &id, "m", json!(null)), 1);
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":{hid},"result":"{}"}}"#,
+        "x".repeat(1024 * 1024 + 70 * 1024)
+    );
+    let out = h.send_raw(1, huge.as_bytes());
+    assert_eq!(
+        out,
+        vec![(
+            2,
+            json!({"jsonrpc":"2.0","id":1,"error":{"code":-32043,"message":"Service result is too large"}})
+        )]
+    );
+    assert_eq!(h.host.pending_requests(), 0);
+    // An oversized message that answers nothing is just dropped.
+    let stray = format!(
+        r#"{{"jsonrpc":"2.0","id":999,"result":"{}"}}"#,
+        "x".repeat(1024 * 1024 + 70 * 1024)
+    );
+    assert!(h.send_raw(1, stray.as_bytes()).is_empty());
+}
+
+#[test]
+fn null_and_string_request_ids_are_answered_as_sent() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "owner", &[]);
+    h.init(2, Principal::maintainer("m"), "caller", &[]);
+    let id = h.register(1, json!({}));
+    let hid = handle_request_id(&h.call(2, Value::Null, &id, "m", json!(null)), 1);
+    let out = h.respond(1, hid, json!({"result": 5}));
+    assert_eq!(
+        out,
+        vec![(2, json!({"jsonrpc":"2.0","id":null,"result":5}))]
+    );
+    // A cancel must name the catalog channel.
+    let hid = handle_request_id(&h.call(2, json!("s"), &id, "m", json!(null)), 1);
+    assert!(h
+        .send(
+            2,
+            &json!({"jsonrpc":"2.0","method":"$/cancelRequest","params":{"id":"s"}})
+        )
+        .is_empty());
+    assert_eq!(h.host.pending_requests(), 1);
+    let _ = hid;
+}

@@ -1,0 +1,219 @@
+//! Core-only benchmarks: the sans-IO host with no sockets, so the numbers are the host's own
+//! cost per message. Run: `cargo bench --bench core`.
+//!
+//! - `notification/route`: parse one ~200-byte `clientService/notify`, look the service up,
+//!   build the forwarded frame, queue it, and account its flush.
+//! - `request/roundtrip`: `clientService/request` → `handleRequest` → response → result.
+//! - `catalog/fanout_100`: register and unregister a service with 100 catalog observers.
+//! - `dispatch/turn_10_subscribers`: a maintainer's `chat/turnStarted` + `chat/turnCancelled`
+//!   with 10 chat subscribers (the durable path, over the in-memory store).
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use axhost_core::{ConnId, Host, HostConfig, Input, Instant, MemStore, Now, Output, Principal};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use serde_json::{json, Value};
+
+const CATALOG: &str = "x-client-services://";
+
+struct Bench {
+    host: Host<MemStore>,
+    ms: u64,
+}
+
+impl Bench {
+    fn new() -> Bench {
+        Bench {
+            host: Host::new(HostConfig::default(), MemStore::new(), 1).expect("host"),
+            ms: 1,
+        }
+    }
+
+    fn now(&mut self) -> Now {
+        Now {
+            mono: Instant(self.ms),
+            wall_unix_ms: 1_700_000_000_000 + self.ms,
+        }
+    }
+
+    /// Feeds one message and drains every output, acknowledging each frame as flushed.
+    /// Returns the last frame sent, parsed, when asked to.
+    fn send(&mut self, conn: u64, text: &[u8]) -> usize {
+        let now = self.now();
+        self.host.handle(
+            now,
+            Input::Message {
+                conn: ConnId(conn),
+                text,
+            },
+        );
+        let mut frames = 0;
+        while let Some(out) = self.host.poll_output() {
+            if let Output::Send { conn, frame } = out {
+                frames += 1;
+                self.host.handle(
+                    now,
+                    Input::Flushed {
+                        conn,
+                        bytes: frame.len() as u64,
+                    },
+                );
+            }
+        }
+        frames
+    }
+
+    fn last_frame(&mut self, conn: u64, text: &[u8]) -> Value {
+        let now = self.now();
+        self.host.handle(
+            now,
+            Input::Message {
+                conn: ConnId(conn),
+                text,
+            },
+        );
+        let mut last = Value::Null;
+        while let Some(out) = self.host.poll_output() {
+            if let Output::Send { conn, frame } = out {
+                self.host.handle(
+                    now,
+                    Input::Flushed {
+                        conn,
+                        bytes: frame.len() as u64,
+                    },
+                );
+                last = serde_json::from_slice(frame.as_bytes()).expect("json");
+            }
+        }
+        last
+    }
+
+    fn client(&mut self, conn: u64, subs: &[&str]) {
+        let now = self.now();
+        let principal = Arc::new(Principal::maintainer("bench"));
+        self.host.handle(
+            now,
+            Input::Connected {
+                conn: ConnId(conn),
+                principal,
+            },
+        );
+        let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":format!("c{conn}"),"initialSubscriptions":subs}});
+        self.send(conn, init.to_string().as_bytes());
+    }
+
+    fn register(&mut self, conn: u64) -> String {
+        let msg = json!({"jsonrpc":"2.0","id":2,"method":"client/registerService","params":{"channel":CATALOG,"metadata":{"protocol":"bench"}}});
+        let now = self.now();
+        self.host.handle(
+            now,
+            Input::Message {
+                conn: ConnId(conn),
+                text: msg.to_string().as_bytes(),
+            },
+        );
+        let mut id = String::new();
+        while let Some(out) = self.host.poll_output() {
+            if let Output::Send { conn: c, frame } = out {
+                self.host.handle(
+                    now,
+                    Input::Flushed {
+                        conn: c,
+                        bytes: frame.len() as u64,
+                    },
+                );
+                let v: Value = serde_json::from_slice(frame.as_bytes()).expect("json");
+                if let Some(s) = v["result"]["serviceId"].as_str() {
+                    id = s.to_owned();
+                }
+            }
+        }
+        id
+    }
+}
+
+fn notification(c: &mut Criterion) {
+    let mut b = Bench::new();
+    b.client(1, &[]);
+    b.client(2, &[]);
+    let id = b.register(1);
+    let payload = format!(
+        r#"{{"seq":1,"sentAtNs":1700000000000000000,"data":"{}"}}"#,
+        "x".repeat(140)
+    );
+    let msg = format!(
+        r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{{"channel":"{CATALOG}","serviceId":"{id}","method":"tick","params":{payload}}}}}"#
+    );
+    assert_eq!(b.send(2, msg.as_bytes()), 1, "one forwarded frame");
+    let mut g = c.benchmark_group("notification");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("route", |bench| {
+        bench.iter(|| black_box(b.send(2, black_box(msg.as_bytes()))))
+    });
+    g.finish();
+}
+
+fn request(c: &mut Criterion) {
+    let mut b = Bench::new();
+    b.client(1, &[]);
+    b.client(2, &[]);
+    let id = b.register(1);
+    let msg = json!({"jsonrpc":"2.0","id":7,"method":"clientService/request","params":{"channel":CATALOG,"serviceId":id,"method":"get","params":{"k":"v"}}}).to_string();
+    let mut g = c.benchmark_group("request");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("roundtrip", |bench| {
+        bench.iter(|| {
+            let forwarded = b.last_frame(2, msg.as_bytes());
+            let host_id = forwarded["id"].as_u64().expect("host id");
+            let response = format!(r#"{{"jsonrpc":"2.0","id":{host_id},"result":{{"v":1}}}}"#);
+            black_box(b.send(1, response.as_bytes()))
+        })
+    });
+    g.finish();
+}
+
+fn catalog(c: &mut Criterion) {
+    let mut b = Bench::new();
+    b.client(1, &[]);
+    for conn in 10..110 {
+        b.client(conn, &[CATALOG]);
+    }
+    let mut g = c.benchmark_group("catalog");
+    g.throughput(Throughput::Elements(2));
+    g.bench_function("fanout_100", |bench| {
+        bench.iter(|| {
+            let id = b.register(1);
+            let msg = json!({"jsonrpc":"2.0","id":3,"method":"client/unregisterService","params":{"channel":CATALOG,"serviceId":id}});
+            black_box(b.send(1, msg.to_string().as_bytes()))
+        })
+    });
+    g.finish();
+}
+
+fn dispatch(c: &mut Criterion) {
+    let mut b = Bench::new();
+    b.client(1, &[]);
+    let create = json!({"jsonrpc":"2.0","id":2,"method":"createSession","params":{"channel":"ahp-session:/bench"}});
+    b.send(1, create.to_string().as_bytes());
+    for conn in 10..20 {
+        b.client(conn, &["ahp-chat:/bench"]);
+    }
+    let mut seq = 0u64;
+    let mut g = c.benchmark_group("dispatch");
+    g.throughput(Throughput::Elements(2));
+    g.bench_function("turn_10_subscribers", |bench| {
+        bench.iter(|| {
+            seq += 2;
+            let turn = format!("t{seq}");
+            let start = json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-chat:/bench","clientSeq":seq,"action":{"type":"chat/turnStarted","turnId":turn,"startedAt":"2026-01-01T00:00:00.000Z","message":{"text":"hi","origin":{"kind":"user"}}}}});
+            let cancel = json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-chat:/bench","clientSeq":seq+1,"action":{"type":"chat/turnCancelled","turnId":turn,"duration":1}}});
+            b.send(1, start.to_string().as_bytes());
+            black_box(b.send(1, cancel.to_string().as_bytes()))
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, notification, request, catalog, dispatch);
+criterion_main!(benches);
