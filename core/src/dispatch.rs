@@ -22,7 +22,7 @@ use crate::error::{RpcError, STALE, TURN_IN_PROGRESS};
 use crate::host::{parse_params, Host};
 use crate::principal::Role;
 use crate::sequencer::Sequenced;
-use crate::session::{SessionEntry, Touched, Which};
+use crate::session::{SessionEntry, Touched, Which, CHECKPOINT_EVERY_EVENTS};
 use crate::store::{Change, ClientRecord, Event, Receipt, Store};
 use crate::time::iso8601;
 use crate::wire;
@@ -439,9 +439,21 @@ impl<S: Store> Host<S> {
                 envelope: envelope.clone(),
             })
             .collect();
+        let mut entry = tx.entry;
+        let last_seq = base + events.len() as u64;
+        // Rewrite the session's states only every CHECKPOINT_EVERY_EVENTS events; the events
+        // in between are replayed at load.
+        entry.uncheckpointed += events.len() as u32;
+        let records = if entry.uncheckpointed >= CHECKPOINT_EVERY_EVENTS {
+            entry.uncheckpointed = 0;
+            entry.meta.checkpoint_seq = last_seq;
+            entry.records(Touched::ALL)
+        } else {
+            Vec::new()
+        };
         let change = Change {
-            server_seq: self.seq.mark_after(base + events.len() as u64),
-            records: tx.entry.records(tx.touched),
+            server_seq: self.seq.mark_after(last_seq),
+            records,
             events,
             receipt,
             clients: clients.clone(),
@@ -450,7 +462,7 @@ impl<S: Store> Host<S> {
         for c in clients {
             self.clients.insert(c.client_id.clone(), c);
         }
-        let id = tx.entry.id.clone();
+        let id = entry.id.clone();
         let summary_before = self.sessions.get(&id).map(|e| {
             (
                 e.session.title.clone(),
@@ -458,7 +470,7 @@ impl<S: Store> Host<S> {
                 e.modified_at().to_owned(),
             )
         });
-        self.sessions.insert(id.clone(), tx.entry);
+        self.sessions.insert(id.clone(), entry);
         for event in change.events {
             let frame = wire::notification_frame("action", &event.envelope);
             let channel = event.channel;

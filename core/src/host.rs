@@ -171,8 +171,24 @@ impl<S: Store> Host<S> {
         let mut sessions = BTreeMap::new();
         for key in records.keys() {
             if let Some(id) = SessionEntry::id_of_meta_key(key) {
-                let entry = SessionEntry::from_records(id, |k| records.get(k).cloned())
-                    .ok_or_else(|| HostError::CorruptRecord(key.clone()))?;
+                let corrupt = || HostError::CorruptRecord(key.clone());
+                let mut entry = SessionEntry::from_records(id, |k| records.get(k).cloned())
+                    .ok_or_else(corrupt)?;
+                // Bring the checkpointed states up to date with the events committed since,
+                // in serverSeq order across the session's channels.
+                let mut events = Vec::new();
+                for channel in entry.channels() {
+                    let after = entry.meta.checkpoint_seq;
+                    events.extend(
+                        store
+                            .channel_events_after(&channel, after)
+                            .map_err(HostError::Store)?,
+                    );
+                }
+                events.sort_by_key(|e| e.seq);
+                for event in &events {
+                    entry.replay(&event.envelope).ok_or_else(corrupt)?;
+                }
                 sessions.insert(id.to_owned(), entry);
             }
         }

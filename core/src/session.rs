@@ -28,7 +28,16 @@ pub(crate) struct SessionMeta {
     pub(crate) task: String,
     pub(crate) created_at_ms: u64,
     pub(crate) closed: bool,
+    /// The `serverSeq` through which the stored channel states are current. Events above it
+    /// are replayed through the reducers at load.
+    #[serde(default)]
+    pub(crate) checkpoint_seq: u64,
 }
+
+/// A session's channel states are rewritten in the store once this many of its events have
+/// accumulated since the last rewrite. In between, only the events are written, so an action
+/// costs O(action), not O(chat); a restart replays at most this many events per session.
+pub(crate) const CHECKPOINT_EVERY_EVENTS: u32 = 64;
 
 /// One session with its three channels' states.
 #[derive(Clone, Debug)]
@@ -38,6 +47,8 @@ pub(crate) struct SessionEntry {
     pub(crate) session: SessionState,
     pub(crate) chat: ChatState,
     pub(crate) changeset: ChangesetState,
+    /// Events committed since the stored states were last rewritten (memory only).
+    pub(crate) uncheckpointed: u32,
 }
 
 /// Which of a session's states a change touched, so only those are rewritten.
@@ -107,6 +118,7 @@ impl SessionEntry {
                 task,
                 created_at_ms: now_ms,
                 closed: false,
+                checkpoint_seq: 0,
             },
             session,
             chat: chat_state,
@@ -116,6 +128,7 @@ impl SessionEntry {
                 files: vec![],
                 operations: None,
             },
+            uncheckpointed: 0,
         }
     }
 
@@ -167,7 +180,40 @@ impl SessionEntry {
             session: serde_json::from_str(&get(&session_uri(id))?).ok()?,
             chat: serde_json::from_str(&get(&chat_uri(id))?).ok()?,
             changeset: serde_json::from_str(&get(&changeset_uri(id))?).ok()?,
+            uncheckpointed: 0,
         })
+    }
+
+    /// Applies one stored envelope to this session's states, as clients reduce it. `None` when
+    /// the envelope cannot be read or does not belong here (a corrupt store).
+    pub(crate) fn replay(&mut self, envelope: &str) -> Option<()> {
+        use ahp::reducers::{
+            apply_action_to_changeset, apply_action_to_chat, apply_action_to_session,
+        };
+        let env: ahp_types::actions::ActionEnvelope = serde_json::from_str(envelope).ok()?;
+        let outcome = match crate::channel::ChannelRef::parse(&env.channel) {
+            crate::channel::ChannelRef::Session(id) if id == self.id => {
+                apply_action_to_session(&mut self.session, &env.action)
+            }
+            crate::channel::ChannelRef::Chat(id) if id == self.id => {
+                apply_action_to_chat(&mut self.chat, &env.action)
+            }
+            crate::channel::ChannelRef::Changeset(id) if id == self.id => {
+                apply_action_to_changeset(&mut self.changeset, &env.action)
+            }
+            _ => return None,
+        };
+        self.uncheckpointed += 1;
+        (outcome != ahp::reducers::ReduceOutcome::OutOfScope).then_some(())
+    }
+
+    /// Channels whose events a load replays.
+    pub(crate) fn channels(&self) -> [String; 3] {
+        [
+            session_uri(&self.id),
+            chat_uri(&self.id),
+            changeset_uri(&self.id),
+        ]
     }
 
     /// The id of the session a stored record key belongs to, if it is a meta record.
@@ -393,7 +439,8 @@ mod commands {
             {
                 return Err(RpcError::conflict("An open session already owns this task"));
             }
-            let entry = SessionEntry::create(&id, title, task, self.now.wall_unix_ms);
+            let mut entry = SessionEntry::create(&id, title, task, self.now.wall_unix_ms);
+            entry.meta.checkpoint_seq = self.seq.current();
             let change = Change {
                 server_seq: self.seq.mark_after(self.seq.current()),
                 records: entry.records(Touched::ALL),

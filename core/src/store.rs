@@ -115,6 +115,21 @@ pub trait Store {
     fn commit(&mut self, change: &Change) -> Result<(), StoreError>;
     /// The receipt stored under `(owner, key)`, if any.
     fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError>;
+    /// Every event on `channel` with a sequence number above `after`, oldest first. Called
+    /// from `Host::new` to bring stored channel states up to date. The default reads
+    /// everything through `load`; stores with an index should do better.
+    fn channel_events_after(
+        &mut self,
+        channel: &str,
+        after: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let all = self.load(u32::MAX)?;
+        Ok(all
+            .events_tail
+            .into_iter()
+            .filter(|e| e.seq > after && e.channel == channel)
+            .collect())
+    }
 }
 
 /// An in-memory store: the reference implementation, used by unit tests and the simulator.
@@ -223,6 +238,19 @@ impl Store for MemStore {
             .receipts
             .get(&(owner.to_owned(), key.to_owned()))
             .cloned())
+    }
+
+    fn channel_events_after(
+        &mut self,
+        channel: &str,
+        after: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let start = self.events.partition_point(|e| e.seq <= after);
+        Ok(self.events[start..]
+            .iter()
+            .filter(|e| e.channel == channel)
+            .cloned()
+            .collect())
     }
 }
 

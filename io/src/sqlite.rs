@@ -424,6 +424,37 @@ impl Store for SqliteStore {
             result,
         }))
     }
+    fn channel_events_after(
+        &mut self,
+        channel: &str,
+        after: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        let after =
+            i64::try_from(after).map_err(|_| StoreError("sequence number out of range".into()))?;
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, envelope FROM events WHERE channel = ?1 AND seq > ?2 ORDER BY seq",
+            )
+            .map_err(sql("preparing the channel events query"))?;
+        let rows = stmt
+            .query_map(params![channel, after], |row| {
+                Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+            })
+            .map_err(sql("reading channel events"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, envelope) = row.map_err(sql("reading a channel event"))?;
+            let seq =
+                u64::try_from(seq).map_err(|_| StoreError("negative sequence number".into()))?;
+            out.push(Event {
+                seq,
+                channel: channel.to_owned(),
+                envelope,
+            });
+        }
+        Ok(out)
+    }
 }
 
 /// Wraps a SQLite error with what was being done. SQLite messages never contain bound values,
@@ -684,6 +715,37 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut store = SqliteStore::open(&dir.path().join("x.db")).expect("open");
         assert_eq!(store.load(4096).expect("load"), Loaded::default());
+    }
+
+    #[test]
+    fn channel_events_after_uses_the_index_and_matches_the_reference_store() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = SqliteStore::open(&dir.path().join("x.db")).expect("open");
+        let mut mem = axhost_core::MemStore::new();
+        for seq in 1..=9u64 {
+            let channel = if seq % 3 == 0 { "b" } else { "a" };
+            let change = Change {
+                server_seq: seq,
+                events: vec![event(seq, channel)],
+                ..Change::default()
+            };
+            store.commit(&change).expect("commit");
+            mem.commit(&change).expect("commit");
+        }
+        for (channel, after) in [("a", 0), ("a", 4), ("b", 3), ("b", 9), ("c", 0)] {
+            assert_eq!(
+                store.channel_events_after(channel, after).expect("sqlite"),
+                mem.channel_events_after(channel, after).expect("mem"),
+                "{channel} after {after}"
+            );
+        }
+        let seqs: Vec<u64> = store
+            .channel_events_after("a", 4)
+            .expect("a")
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, vec![5, 7, 8]);
     }
 
     #[test]

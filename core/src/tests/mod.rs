@@ -736,3 +736,54 @@ fn same_seed_same_outputs() {
     }
     assert_eq!(run(), run());
 }
+
+#[test]
+fn states_are_checkpointed_every_64_events_and_replayed_after() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    let mut seq = 0;
+    for round in 0..40u64 {
+        let id = format!("t{round}");
+        seq += 1;
+        h.dispatch(1, "ahp-chat:/s1", seq, turn(&id, "x"));
+        seq += 1;
+        h.dispatch(
+            1,
+            "ahp-chat:/s1",
+            seq,
+            json!({"type":"chat/turnCancelled","turnId":id,"duration":1}),
+        );
+        // Leave a turn running at the end, between checkpoints.
+    }
+    seq += 1;
+    h.dispatch(1, "ahp-chat:/s1", seq, turn("last", "x"));
+    let states: Vec<_> = ["ahp-session:/s1", "ahp-chat:/s1", "ahp-changeset:/s1"]
+        .iter()
+        .map(|c| h.host.channel_state(c))
+        .collect();
+    let server_seq = h.host.server_seq();
+    assert!(
+        server_seq > 2 * 64,
+        "enough events for at least two checkpoints"
+    );
+    let store = h.host.into_store();
+    // The stored chat is a checkpoint: behind the live state, never ahead of it.
+    let stored: Value =
+        serde_json::from_str(store.record("ahp-chat:/s1").expect("chat record")).expect("json");
+    let stored_turns = stored["turns"].as_array().map_or(0, Vec::len);
+    assert!(
+        stored_turns > 0 && stored_turns < 40,
+        "stored {stored_turns} turns"
+    );
+    let h = Harness::with(HostConfig::default(), store);
+    let after: Vec<_> = ["ahp-session:/s1", "ahp-chat:/s1", "ahp-changeset:/s1"]
+        .iter()
+        .map(|c| h.host.channel_state(c))
+        .collect();
+    assert_eq!(
+        after, states,
+        "checkpoint + replayed events = the state before the restart"
+    );
+    assert_eq!(h.host.server_seq(), server_seq);
+}
