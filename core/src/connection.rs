@@ -35,6 +35,18 @@ pub(crate) struct Connection {
     pub(crate) seen_message: bool,
 }
 
+/// Why a frame is sent, which decides how the hard queue limit applies to it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum FrameClass {
+    /// The answer to the connection's own request (or its rejection echo): refused only when
+    /// the connection is already over the limit, so one reply larger than the limit still
+    /// reaches a reader that keeps up.
+    Reply,
+    /// A state event or notification the connection did not ask for: refused when it would
+    /// cross the limit.
+    State,
+}
+
 /// What happened to a frame handed to `enqueue`.
 #[must_use]
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -145,13 +157,14 @@ impl Connections {
             .unwrap_or_default()
     }
 
-    /// The only way a frame leaves the host. Counts bytes and applies the hard queue limit:
-    /// a connection over it is closed, never silently starved of state.
+    /// The way a frame that must not be lost leaves the host. Counts bytes and applies the
+    /// hard queue limit: a connection over it is closed, never silently starved of state.
     pub(crate) fn enqueue(
         &mut self,
         outbox: &mut Outbox,
         conn: ConnId,
         frame: Frame,
+        class: FrameClass,
         limits: &Limits,
     ) -> Enqueued {
         if self.closing.contains(&conn) {
@@ -161,7 +174,11 @@ impl Connections {
             return Enqueued::Gone;
         };
         let queued = c.queued_bytes + frame.len() as u64;
-        if queued > limits.queue_bytes_hard {
+        let over = match class {
+            FrameClass::Reply => c.queued_bytes > limits.queue_bytes_hard,
+            FrameClass::State => queued > limits.queue_bytes_hard,
+        };
+        if over {
             self.close(
                 outbox,
                 conn,

@@ -1,8 +1,11 @@
 //! `dispatchAction`: a maintainer drives a chat. Validation, the host's follow-up actions, one
 //! commit, then the echo to every subscriber. Rejections go back to the sender only.
 //!
-//! Every change follows one path: validate → reduce a working copy with the official reducers →
-//! `store.commit` → only on success swap the copy in, assign `serverSeq`s and send.
+//! Every change follows one path: validate → reduce with the official reducers → `store.commit`
+//! → only on success assign `serverSeq`s and send. The session is taken out of the table and
+//! reduced in place (copying a long chat for every action would make each action O(chat)); if
+//! anything fails after the first reduction, the session is restored from the store, which holds
+//! exactly the last committed state. Failures are rare; the common path copies nothing.
 
 use ahp::reducers::{apply_action_to_chat, apply_action_to_session, ReduceOutcome};
 use ahp_types::actions::{
@@ -36,22 +39,33 @@ struct DispatchParams<'a> {
     action: &'a RawValue,
 }
 
-/// A change being built on a working copy of one session.
+/// A change being built on one session, taken out of the host's table while it is built.
 pub(crate) struct Tx {
     pub(crate) entry: SessionEntry,
     pub(crate) touched: Touched,
     /// `(channel, envelope JSON)` in seq order; seqs follow `base_seq`.
     pub(crate) events: Vec<(String, String)>,
     base_seq: u64,
+    /// Whether a reducer has touched `entry`; if so, aborting must restore it from the store.
+    mutated: bool,
+    /// Title, summary status and `modifiedAt` before the change, for root notifications.
+    summary_before: (String, u32, String),
 }
 
 impl Tx {
     pub(crate) fn new(entry: SessionEntry, base_seq: u64) -> Tx {
+        let summary_before = (
+            entry.session.title.clone(),
+            entry.summary_status(),
+            entry.modified_at().to_owned(),
+        );
         Tx {
             entry,
             touched: Touched::default(),
             events: Vec::new(),
             base_seq,
+            mutated: false,
+            summary_before,
         }
     }
 
@@ -70,7 +84,8 @@ impl Tx {
             }
         };
         match outcome {
-            ReduceOutcome::Applied | ReduceOutcome::NoOp => {}
+            ReduceOutcome::Applied | ReduceOutcome::NoOp => self.mutated = true,
+            // Both leave the state as it was.
             ReduceOutcome::Invalid(e) => {
                 return Err(RpcError::invalid_params(format!("Invalid AHP action: {e}")))
             }
@@ -259,15 +274,20 @@ impl<S: Store> Host<S> {
         };
         let action: StateAction = serde_json::from_str(p.action.get())
             .map_err(|e| RpcError::invalid_params(format!("Invalid AHP action: {e}")))?;
-        let Some(entry) = self.sessions.get(&id).cloned() else {
+        let Some(entry) = self.sessions.remove(&id) else {
             return Err(RpcError::invalid_params(
                 "This action must target an open session's chat",
             ));
         };
         let mut tx = Tx::new(entry, self.seq.current());
         let now_ms = self.now.wall_unix_ms;
-        self.chat_action(&mut tx, action, origin.clone(), now_ms)?;
-        tx.sync_chat()?;
+        let built = self
+            .chat_action(&mut tx, action, origin.clone(), now_ms)
+            .and_then(|()| tx.sync_chat());
+        if let Err(e) = built {
+            self.abort_tx(tx);
+            return Err(e);
+        }
         let last = self
             .clients
             .get(&origin.client_id)
@@ -366,10 +386,13 @@ impl<S: Store> Host<S> {
                     Some(origin),
                 )
             }
-            StateAction::ChatTurnCancelled(a) => {
-                if chat.active_turn.as_ref().is_none_or(|t| t.id != a.turn_id) {
+            StateAction::ChatTurnCancelled(mut a) => {
+                let Some(active) = chat.active_turn.as_ref().filter(|t| t.id == a.turn_id) else {
                     return Err(RpcError::conflict("Turn is not active"));
-                }
+                };
+                // The host measured the turn: its clock decides the duration, as it decided
+                // `startedAt`, so `modifiedAt` (startedAt + duration) stays on the host's clock.
+                a.duration = elapsed_ms(&active.started_at, now_ms);
                 tx.emit(Which::Chat, StateAction::ChatTurnCancelled(a), Some(origin))
             }
             StateAction::ChatToolCallConfirmed(_) => {
@@ -423,26 +446,25 @@ impl<S: Store> Host<S> {
     /// root subscribers about the session's new summary.
     pub(crate) fn commit_tx(
         &mut self,
-        tx: Tx,
+        mut tx: Tx,
         receipt: Option<Receipt>,
         clients: Vec<ClientRecord>,
     ) -> Result<(), RpcError> {
         let base = self.seq.current();
         assert_eq!(tx.base_seq, base, "transaction built on a stale serverSeq");
-        let events: Vec<Event> = tx
-            .events
-            .iter()
+        let events: Vec<Event> = std::mem::take(&mut tx.events)
+            .into_iter()
             .enumerate()
             .map(|(i, (channel, envelope))| Event {
                 seq: base + i as u64 + 1,
-                channel: channel.clone(),
-                envelope: envelope.clone(),
+                channel,
+                envelope,
             })
             .collect();
-        let mut entry = tx.entry;
         let last_seq = base + events.len() as u64;
         // Rewrite the session's states only every CHECKPOINT_EVERY_EVENTS events; the events
         // in between are replayed at load.
+        let entry = &mut tx.entry;
         entry.uncheckpointed += events.len() as u32;
         let records = if entry.uncheckpointed >= CHECKPOINT_EVERY_EVENTS {
             entry.uncheckpointed = 0;
@@ -456,21 +478,17 @@ impl<S: Store> Host<S> {
             records,
             events,
             receipt,
-            clients: clients.clone(),
+            clients,
         };
-        self.commit(&change)?;
-        for c in clients {
+        if let Err(e) = self.commit(&change) {
+            self.abort_tx(tx);
+            return Err(e);
+        }
+        for c in change.clients {
             self.clients.insert(c.client_id.clone(), c);
         }
-        let id = entry.id.clone();
-        let summary_before = self.sessions.get(&id).map(|e| {
-            (
-                e.session.title.clone(),
-                e.summary_status(),
-                e.modified_at().to_owned(),
-            )
-        });
-        self.sessions.insert(id.clone(), entry);
+        let id = tx.entry.id.clone();
+        self.sessions.insert(id.clone(), tx.entry);
         for event in change.events {
             let frame = wire::notification_frame("action", &event.envelope);
             let channel = event.channel;
@@ -482,9 +500,27 @@ impl<S: Store> Host<S> {
             self.broadcast(&channel, &frame);
         }
         if tx.touched.session {
-            self.summary_changed(&id, summary_before);
+            self.summary_changed(&id, Some(tx.summary_before));
         }
         Ok(())
+    }
+
+    /// Puts a session back after a change that will not be committed. Untouched, it goes back
+    /// as it is; touched, it is rebuilt from the store, which holds the last committed state.
+    /// A store that can neither commit nor read leaves no trustworthy state to serve: that is
+    /// a crash, and a restart recovers from the store.
+    pub(crate) fn abort_tx(&mut self, tx: Tx) {
+        let id = tx.entry.id.clone();
+        if !tx.mutated {
+            self.sessions.insert(id, tx.entry);
+            return;
+        }
+        match SessionEntry::restore(&id, &mut self.store) {
+            Ok(entry) => {
+                self.sessions.insert(id, entry);
+            }
+            Err(e) => panic!("session {id} cannot be restored after a failed change: {e}"),
+        }
     }
 
     /// `root/sessionSummaryChanged` with the fields that changed, to root subscribers in scope.

@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::channel::{self, ChannelRef, ROOT};
-use crate::connection::{ConnId, Connections, Enqueued, Phase};
+use crate::connection::{ConnId, Connections, Enqueued, FrameClass, Phase};
 use crate::error::{RpcError, LIMIT, METHOD_NOT_FOUND, PERMISSION_DENIED};
 use crate::limits::{Limits, LimitsError};
 use crate::output::{CloseCode, Frame, Outbox, Output};
@@ -171,27 +171,15 @@ impl<S: Store> Host<S> {
         let mut sessions = BTreeMap::new();
         for key in records.keys() {
             if let Some(id) = SessionEntry::id_of_meta_key(key) {
-                let corrupt = || HostError::CorruptRecord(key.clone());
-                let mut entry = SessionEntry::from_records(id, |k| records.get(k).cloned())
-                    .ok_or_else(corrupt)?;
-                // Bring the checkpointed states up to date with the events committed since,
-                // in serverSeq order across the session's channels.
-                let mut events = Vec::new();
-                for channel in entry.channels() {
-                    let after = entry.meta.checkpoint_seq;
-                    events.extend(
-                        store
-                            .channel_events_after(&channel, after)
-                            .map_err(HostError::Store)?,
-                    );
-                }
-                events.sort_by_key(|e| e.seq);
-                for event in &events {
-                    entry.replay(&event.envelope).ok_or_else(corrupt)?;
-                }
+                let entry = SessionEntry::restore_from(id, &records, &mut store)?;
                 sessions.insert(id.to_owned(), entry);
             }
         }
+        let wall_high_water = sessions
+            .values()
+            .map(SessionEntry::latest_timestamp_ms)
+            .max()
+            .unwrap_or(0);
         let services = Services::new(&config.trust_groups);
         let clients = loaded
             .clients
@@ -215,7 +203,11 @@ impl<S: Store> Host<S> {
             root_state: session::root_state(),
             services,
             relay: Relay::default(),
-            now: Now::at(0),
+            // Timestamps already handed out and stored; new ones never go below them.
+            now: Now {
+                mono: Instant(0),
+                wall_unix_ms: wall_high_water,
+            },
             stats: Stats::default(),
         })
     }
@@ -499,11 +491,24 @@ impl<S: Store> Host<S> {
         }
     }
 
-    /// Queues a frame for one connection through the byte-accounting door.
+    /// Queues the answer to something `conn` asked for. A reply is refused (and the connection
+    /// closed) only when the connection is already over its limit: one large snapshot or replay
+    /// to a reader that keeps up must not cost it its connection on every attempt.
     pub(crate) fn reply(&mut self, conn: ConnId, frame: Frame) {
+        self.enqueue(conn, frame, FrameClass::Reply);
+    }
+
+    /// Queues a state event or root notification `conn` did not ask for: refused when it
+    /// would take the connection over its limit.
+    pub(crate) fn push_state(&mut self, conn: ConnId, frame: Frame) {
+        self.enqueue(conn, frame, FrameClass::State);
+    }
+
+    fn enqueue(&mut self, conn: ConnId, frame: Frame, class: FrameClass) {
+        let limits = &self.config.limits;
         if self
             .conns
-            .enqueue(&mut self.outbox, conn, frame, &self.config.limits)
+            .enqueue(&mut self.outbox, conn, frame, class, limits)
             == Enqueued::Closing
         {
             self.stats.slow_consumer_closes += 1;
@@ -518,7 +523,7 @@ impl<S: Store> Host<S> {
     /// Sends one frame to every subscriber of `channel`, in ConnId order.
     pub(crate) fn broadcast(&mut self, channel: &str, frame: &Frame) {
         for conn in self.conns.subscribers(channel) {
-            self.reply(conn, frame.clone());
+            self.push_state(conn, frame.clone());
         }
     }
 
@@ -530,7 +535,7 @@ impl<S: Store> Host<S> {
                 .get(conn)
                 .is_some_and(|c| c.principal.can_read_session(session_id));
             if allowed {
-                self.reply(conn, frame.clone());
+                self.push_state(conn, frame.clone());
             }
         }
     }

@@ -442,7 +442,7 @@ impl<S: Store> Host<S> {
                 frames[slot] = Some(wire::notification_frame("action", &envelope.to_string()));
             }
             if let Some(f) = &frames[slot] {
-                self.reply(conn, f.clone());
+                self.push_state(conn, f.clone());
             }
         }
     }

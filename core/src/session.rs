@@ -216,9 +216,70 @@ impl SessionEntry {
         ]
     }
 
+    /// Rebuilds a session from the store: its checkpointed states, then every event committed
+    /// after the checkpoint, in `serverSeq` order.
+    pub(crate) fn restore<S: crate::store::Store>(
+        id: &str,
+        store: &mut S,
+    ) -> Result<SessionEntry, crate::host::HostError> {
+        use crate::host::HostError;
+        let keys = [
+            meta_key(id),
+            session_uri(id),
+            chat_uri(id),
+            changeset_uri(id),
+        ];
+        let mut records = std::collections::BTreeMap::new();
+        for key in keys {
+            if let Some(v) = store.read_record(&key).map_err(HostError::Store)? {
+                records.insert(key, v);
+            }
+        }
+        Self::restore_from(id, &records, store)
+    }
+
+    /// Like `restore`, with the records already read.
+    pub(crate) fn restore_from<S: crate::store::Store>(
+        id: &str,
+        records: &std::collections::BTreeMap<String, String>,
+        store: &mut S,
+    ) -> Result<SessionEntry, crate::host::HostError> {
+        use crate::host::HostError;
+        let corrupt = || HostError::CorruptRecord(meta_key(id));
+        let mut entry =
+            SessionEntry::from_records(id, |k| records.get(k).cloned()).ok_or_else(corrupt)?;
+        let mut events = Vec::new();
+        for channel in entry.channels() {
+            let after = entry.meta.checkpoint_seq;
+            events.extend(
+                store
+                    .channel_events_after(&channel, after)
+                    .map_err(HostError::Store)?,
+            );
+        }
+        events.sort_by_key(|e| e.seq);
+        for event in &events {
+            entry.replay(&event.envelope).ok_or_else(corrupt)?;
+        }
+        Ok(entry)
+    }
+
     /// The id of the session a stored record key belongs to, if it is a meta record.
     pub(crate) fn id_of_meta_key(key: &str) -> Option<&str> {
         key.strip_prefix("axhost-session:/")
+    }
+
+    /// The latest timestamp this session carries (creation, or the chat's `modifiedAt`), in
+    /// Unix milliseconds. A restarted host never hands out an earlier one.
+    pub(crate) fn latest_timestamp_ms(&self) -> u64 {
+        let modified = self
+            .chat
+            .modified_at
+            .parse::<jiff::Timestamp>()
+            .map_or(0, |t| t.as_millisecond());
+        self.meta
+            .created_at_ms
+            .max(u64::try_from(modified).unwrap_or(0))
     }
 
     /// Status shown in summaries: the default chat's, else the session's.

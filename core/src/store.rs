@@ -115,6 +115,16 @@ pub trait Store {
     fn commit(&mut self, change: &Change) -> Result<(), StoreError>;
     /// The receipt stored under `(owner, key)`, if any.
     fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError>;
+    /// The record stored under `key`, if any. Called to rebuild a session after a change that
+    /// could not be committed. The default reads everything through `load`.
+    fn read_record(&mut self, key: &str) -> Result<Option<String>, StoreError> {
+        let all = self.load(0)?;
+        Ok(all
+            .records
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v))
+    }
     /// Every event on `channel` with a sequence number above `after`, oldest first. Called
     /// from `Host::new` to bring stored channel states up to date. The default reads
     /// everything through `load`; stores with an index should do better.
@@ -203,15 +213,19 @@ impl Store for MemStore {
             "serverSeq went backwards in a commit"
         );
         for event in &change.events {
-            let last = self
-                .events
-                .last()
-                .map_or(self.server_seq, |e| e.seq.max(self.server_seq));
+            // Events climb above the newest stored event; they may sit below `server_seq`, which
+            // can be a reservation above every number handed out.
+            let last = self.events.last().map_or(0, |e| e.seq);
             assert!(
                 event.seq > last,
                 "event seq {} not above {}",
                 event.seq,
                 last
+            );
+            assert!(
+                event.seq <= change.server_seq,
+                "event seq {} above the change's mark",
+                event.seq
             );
             self.events.push(event.clone());
         }
@@ -238,6 +252,10 @@ impl Store for MemStore {
             .receipts
             .get(&(owner.to_owned(), key.to_owned()))
             .cloned())
+    }
+
+    fn read_record(&mut self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self.records.get(key).cloned())
     }
 
     fn channel_events_after(

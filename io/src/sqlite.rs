@@ -150,9 +150,12 @@ pub struct SqliteStore {
     /// Holds `BEGIN EXCLUSIVE` on `<path>.lock`; dropping it releases ownership.
     _owner_lock: Connection,
     path: PathBuf,
-    /// The last committed `serverSeq`, mirrored so `commit` can refuse a change that would move
-    /// it backwards without a query.
+    /// The last committed `serverSeq` mark, mirrored so `commit` can refuse a change that would
+    /// move it backwards without a query.
     server_seq: u64,
+    /// The newest stored event's seq. Events must climb above it; they may sit below
+    /// `server_seq`, which can be a reservation above every number handed out.
+    last_event_seq: u64,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -184,12 +187,26 @@ impl SqliteStore {
                 problem,
             },
         })?;
+        let last_event_seq = conn
+            .query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |row| {
+                row.get::<_, i64>(0)
+            })
+            .map_err(|source| OpenError::Sqlite {
+                path: path.to_owned(),
+                action: "reading the newest event",
+                source,
+            })?;
+        let last_event_seq = u64::try_from(last_event_seq).map_err(|_| OpenError::Corrupt {
+            path: path.to_owned(),
+            problem: "negative event sequence number".into(),
+        })?;
         tracing::debug!(path = %path.display(), server_seq, "opened store");
         Ok(SqliteStore {
             conn,
             _owner_lock: owner_lock,
             path: path.to_owned(),
             server_seq,
+            last_event_seq,
         })
     }
 
@@ -273,14 +290,14 @@ impl SqliteStore {
 
 /// Refuses a change that would move `serverSeq` backwards or append events out of order, so a
 /// bug upstream cannot rewrite history on disk. `current` is the last committed `serverSeq`.
-fn check_order(current: u64, change: &Change) -> Result<(), StoreError> {
+fn check_order(current: u64, last_event: u64, change: &Change) -> Result<(), StoreError> {
     if change.server_seq < current {
         return Err(StoreError(format!(
             "serverSeq would go backwards: {} after {current}",
             change.server_seq
         )));
     }
-    let mut last = current;
+    let mut last = last_event;
     for event in &change.events {
         if event.seq <= last {
             return Err(StoreError(format!(
@@ -391,7 +408,7 @@ impl Store for SqliteStore {
     }
 
     fn commit(&mut self, change: &Change) -> Result<(), StoreError> {
-        check_order(self.server_seq, change)?;
+        check_order(self.server_seq, self.last_event_seq, change)?;
         // IMMEDIATE takes the write lock up front, so the transaction cannot fail half-way for
         // want of it. Dropping `tx` without `commit` rolls everything back.
         let tx = self
@@ -401,6 +418,9 @@ impl Store for SqliteStore {
         SqliteStore::write_change(&tx, change)?;
         tx.commit().map_err(sql("committing"))?;
         self.server_seq = change.server_seq;
+        if let Some(e) = change.events.last() {
+            self.last_event_seq = e.seq;
+        }
         Ok(())
     }
 
@@ -424,6 +444,16 @@ impl Store for SqliteStore {
             result,
         }))
     }
+    fn read_record(&mut self, key: &str) -> Result<Option<String>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT value FROM records WHERE key = ?1")
+            .map_err(sql("preparing the record query"))?;
+        stmt.query_row(params![key], |row| row.get::<_, String>(0))
+            .optional()
+            .map_err(sql("reading a record"))
+    }
+
     fn channel_events_after(
         &mut self,
         channel: &str,
@@ -746,6 +776,50 @@ mod tests {
             .map(|e| e.seq)
             .collect();
         assert_eq!(seqs, vec![5, 7, 8]);
+    }
+
+    #[test]
+    fn events_may_sit_below_a_reserved_mark_but_never_below_each_other() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db");
+        let mut store = SqliteStore::open(&path).expect("open");
+        // A reservation: the mark jumps ahead of every number handed out.
+        store
+            .commit(&Change {
+                server_seq: 1024,
+                ..Change::default()
+            })
+            .expect("reserve");
+        let change = Change {
+            server_seq: 1024,
+            events: vec![event(3, "a")],
+            ..Change::default()
+        };
+        store
+            .commit(&change)
+            .expect("an event below the mark is fine");
+        let stale = Change {
+            server_seq: 1024,
+            events: vec![event(3, "a")],
+            ..Change::default()
+        };
+        assert!(
+            store.commit(&stale).is_err(),
+            "but never at or below the newest event"
+        );
+        drop(store);
+        let mut store = SqliteStore::open(&path).expect("reopen");
+        assert!(
+            store.commit(&stale).is_err(),
+            "the newest event is known after a reopen"
+        );
+        let next = Change {
+            server_seq: 1024,
+            events: vec![event(4, "a")],
+            ..Change::default()
+        };
+        store.commit(&next).expect("the next one");
+        assert_eq!(store.load(10).expect("load").server_seq, 1024);
     }
 
     #[test]

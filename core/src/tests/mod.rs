@@ -16,6 +16,8 @@ use crate::{
 struct Harness {
     host: Host<MemStore>,
     now: u64,
+    /// Added to the wall clock only, to model a clock that steps.
+    wall_skew_ms: i64,
 }
 
 impl Harness {
@@ -27,6 +29,7 @@ impl Harness {
         Harness {
             host: Host::new(config, store, 42).expect("host"),
             now: 1_700_000_000_000,
+            wall_skew_ms: 0,
         }
     }
 
@@ -44,7 +47,7 @@ impl Harness {
         self.now += 1;
         Now {
             mono: crate::Instant(self.now - 1_700_000_000_000),
-            wall_unix_ms: self.now,
+            wall_unix_ms: self.now.saturating_add_signed(self.wall_skew_ms),
         }
     }
 
@@ -786,4 +789,99 @@ fn states_are_checkpointed_every_64_events_and_replayed_after() {
         "checkpoint + replayed events = the state before the restart"
     );
     assert_eq!(h.host.server_seq(), server_seq);
+}
+
+#[test]
+fn a_failed_commit_after_uncheckpointed_events_restores_the_last_committed_state() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    let committed = h.host.channel_state("ahp-chat:/s1");
+    let session = h.host.channel_state("ahp-session:/s1");
+    let mut store = h.host.into_store();
+    store.fail_next_commits(1);
+    let mut h = Harness::with(HostConfig::default(), store);
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-chat:/s1"]);
+    let steer = json!({"type":"chat/pendingMessageSet","kind":"steering","id":"st","message":{"text":"now","origin":{"kind":"user"}}});
+    let out = h.dispatch(1, "ahp-chat:/s1", 2, steer.clone());
+    assert_eq!(out.len(), 1, "only the rejection: {out:?}");
+    assert!(out[0].1["params"]["rejectionReason"].is_string());
+    assert_eq!(h.host.channel_state("ahp-chat:/s1"), committed);
+    assert_eq!(h.host.channel_state("ahp-session:/s1"), session);
+    // The same action goes through once the store works again.
+    let out = h.dispatch(1, "ahp-chat:/s1", 2, steer);
+    assert!(out
+        .iter()
+        .any(|(_, v)| v["params"]["action"]["type"] == "chat/turnCancelled"));
+}
+
+#[test]
+fn start_times_never_go_back_across_a_restart() {
+    // Found by the simulator (seed 13): the wall-clock high-water mark lived only in memory.
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    let started =
+        h.host.channel_state("ahp-chat:/s1").expect("chat")["activeTurn"]["startedAt"].clone();
+    let store = h.host.into_store();
+    let mut h = Harness::with(HostConfig::default(), store);
+    h.wall_skew_ms = -3_600_000; // the wall clock stepped back an hour across the restart
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s2");
+    h.dispatch(1, "ahp-chat:/s2", 2, turn("t2", "hi"));
+    let later =
+        h.host.channel_state("ahp-chat:/s2").expect("chat")["activeTurn"]["startedAt"].clone();
+    assert!(
+        later.as_str() >= started.as_str(),
+        "{later} went back before {started}"
+    );
+    // A client-supplied cancel duration does not move modifiedAt off the host's clock.
+    h.dispatch(
+        1,
+        "ahp-chat:/s2",
+        3,
+        json!({"type":"chat/turnCancelled","turnId":"t2","duration":999_999_999_999i64}),
+    );
+    let chat = h.host.channel_state("ahp-chat:/s2").expect("chat");
+    assert!(
+        chat["modifiedAt"].as_str() < Some("2100"),
+        "{}",
+        chat["modifiedAt"]
+    );
+}
+
+#[test]
+fn a_reply_larger_than_the_queue_limit_still_reaches_a_reader_that_keeps_up() {
+    // Found by the simulator (seeds 7336, 16233): a replay or snapshot bigger than
+    // queue_bytes_hard closed the connection on every reconnect, so it never recovered.
+    let limits = Limits {
+        queue_bytes_hard: 4096,
+        queue_bytes_soft: 1024,
+        message_bytes_max: 2048,
+        ..Limits::default()
+    };
+    let mut h = Harness::limits(limits);
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    for i in 0..20u64 {
+        let id = format!("turn-with-a-long-identifier-{i}");
+        h.dispatch(1, "ahp-chat:/s1", 2 * i + 1, turn(&id, &"x".repeat(100)));
+        h.dispatch(
+            1,
+            "ahp-chat:/s1",
+            2 * i + 2,
+            json!({"type":"chat/turnCancelled","turnId":id,"duration":1}),
+        );
+    }
+    h.connect(2, Principal::maintainer("m"));
+    let out = h.send(2, &json!({"jsonrpc":"2.0","id":1,"method":"reconnect","params":{"channel":"ahp-root://","clientId":"c1","lastSeenServerSeq":0,"subscriptions":["ahp-chat:/s1"]}}));
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].1["result"]["type"], "replay");
+    let size = out[0].1.to_string().len();
+    assert!(
+        size > 4096,
+        "the reply ({size} bytes) is over the limit and still delivered"
+    );
 }

@@ -727,3 +727,28 @@ fn null_and_string_request_ids_are_answered_as_sent() {
     assert_eq!(h.host.pending_requests(), 1);
     let _ = hid;
 }
+
+#[test]
+fn chat_actions_after_a_registration_commit_below_the_reserved_mark() {
+    // Found by the simulator (seed 0): the registration's reservation moved the stored mark
+    // above the next state event's number, and the store refused the event.
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &[CATALOG]);
+    h.register(1, json!({}));
+    h.create(1, "s1");
+    h.request(1, 3, "subscribe", json!({"channel": "ahp-chat:/s1"}));
+    let out = h.dispatch(1, "ahp-chat:/s1", 1, super::turn("t1", "hi"));
+    let echo = out
+        .iter()
+        .find(|(_, v)| v["params"]["action"]["type"] == "chat/turnStarted")
+        .expect("accepted");
+    assert!(echo.1["params"].get("rejectionReason").is_none());
+    let seq = h.host.server_seq();
+    let store = h.host.into_store();
+    let h = Harness::with(HostConfig::default(), store);
+    assert!(
+        h.host.server_seq() > seq,
+        "a restart resumes at the reservation"
+    );
+    assert!(h.host.channel_state("ahp-chat:/s1").expect("chat")["activeTurn"].is_object());
+}

@@ -1,0 +1,459 @@
+//! The checker: watches the host from outside and says when an invariant breaks.
+//!
+//! It owns no host state. It sees every output (and hashes it into the trace digest), and after
+//! every step it reads the host only through its (A) getters (`channel_state`, `subscriptions`,
+//! `server_seq`, `queued_bytes`, `store`). Per-connection stream rules (`serverSeq` order, no
+//! envelope without a subscription, one response per request, rejections only to the sender)
+//! are checked by each client as frames arrive; this module checks what needs both sides:
+//!
+//! 1. every client that is initialized and *quiescent* on its connection (nothing in flight to
+//!    it) holds, for every channel it mirrors, exactly `host.channel_state_for(principal, uri)`
+//!    (the catalog differs per observer; every other channel is the same for all);
+//! 2. the subscriptions the host holds for a connection match what the client asked for;
+//! 3. the driver's unflushed bytes equal `host.queued_bytes` (byte accounting, both ends);
+//! 4. `host.server_seq()` never decreases, even across restarts, and never runs ahead of the
+//!    store; after a restart every session is still there with the same state;
+//! 5. no frame follows a `Close`, and nothing is sent to a connection the host never saw;
+//! 6. within one host lifetime, `chat/turnStarted.startedAt` never goes back (the core keeps a
+//!    wall-clock high-water mark). Across restarts a regression is counted, not failed: the
+//!    core does not persist the mark (reported as a core finding).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use axhost_core::{ConnId, Host, Output};
+use serde_json::Value;
+use sha2::{Digest as _, Sha256};
+
+use crate::client::SimClient;
+use crate::net::SimNet;
+use crate::replica::{difference, first_difference, CATALOG};
+use crate::store::SimStore;
+
+/// A broken invariant, with where and when it broke.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The seed of the run.
+    pub seed: u64,
+    /// The step the check failed after.
+    pub step: u64,
+    /// Simulated monotonic time, in milliseconds.
+    pub at_ms: u64,
+    /// What broke, naming ids and counters.
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "seed {} step {} t={}ms: {}",
+            self.seed, self.step, self.at_ms, self.message
+        )
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// The trace digest: SHA-256 over every output, in order.
+#[derive(Copy, Clone, PartialEq, Eq, Hash)]
+pub struct Digest(pub [u8; 32]);
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({self})")
+    }
+}
+
+/// What must survive a restart: the sequence and every channel's state.
+#[derive(Clone, Debug)]
+pub struct Durable {
+    server_seq: u64,
+    states: BTreeMap<String, Value>,
+}
+
+impl Durable {
+    /// Reads the durable view of `host` for the sessions in `session_ids` (the whole pool:
+    /// sessions are only ever created from it).
+    pub fn capture(host: &Host<SimStore>, session_ids: &[String]) -> Durable {
+        let mut states = BTreeMap::new();
+        for id in session_ids {
+            for uri in [
+                format!("ahp-session:/{id}"),
+                format!("ahp-chat:/{id}"),
+                format!("ahp-changeset:/{id}"),
+            ] {
+                if let Some(state) = host.channel_state(&uri) {
+                    states.insert(uri, state);
+                }
+            }
+        }
+        if let Some(root) = host.channel_state("ahp-root://") {
+            states.insert("ahp-root://".into(), root);
+        }
+        Durable {
+            server_seq: host.server_seq(),
+            states,
+        }
+    }
+}
+
+/// Invariant checks and the trace digest. See the module docs.
+pub struct Checker {
+    hasher: Sha256,
+    /// Frames and closes hashed so far.
+    pub outputs: u64,
+    /// Highest `host.server_seq()` seen, across restarts.
+    server_seq_high: u64,
+    /// Connections the current host was told about and not yet told are closed.
+    open: BTreeSet<ConnId>,
+    /// Connections the current host asked to close.
+    closing: BTreeSet<ConnId>,
+    /// Host channel states read at `cache_epoch`.
+    host_cache: BTreeMap<String, Option<Value>>,
+    cache_epoch: u64,
+    /// `(client, channel) -> (host epoch, replica version)` at the last successful comparison.
+    compared: BTreeMap<(usize, String), (u64, u64)>,
+    /// Comparisons actually made (for the report).
+    pub comparisons: u64,
+    /// Latest `startedAt` (Unix ms) handed out by the current host, and by any host.
+    started_high: (i64, i64),
+    /// `startedAt` values older than one an earlier host handed out.
+    pub clock_regressions: u64,
+}
+
+impl Default for Checker {
+    fn default() -> Self {
+        Checker::new()
+    }
+}
+
+impl Checker {
+    /// A checker that has seen nothing.
+    pub fn new() -> Checker {
+        Checker {
+            hasher: Sha256::new(),
+            outputs: 0,
+            server_seq_high: 0,
+            open: BTreeSet::new(),
+            closing: BTreeSet::new(),
+            host_cache: BTreeMap::new(),
+            cache_epoch: u64::MAX,
+            compared: BTreeMap::new(),
+            comparisons: 0,
+            started_high: (i64::MIN, i64::MIN),
+            clock_regressions: 0,
+        }
+    }
+
+    /// The digest of every output so far.
+    pub fn digest(&self) -> Digest {
+        Digest(self.hasher.clone().finalize().into())
+    }
+
+    /// The driver fed `Input::Connected`.
+    pub fn connected(&mut self, conn: ConnId) {
+        let fresh = self.open.insert(conn);
+        assert!(fresh, "simulator reused {conn:?}");
+    }
+
+    /// The driver fed `Input::Closed`.
+    pub fn closed(&mut self, conn: ConnId) {
+        self.open.remove(&conn);
+        self.closing.remove(&conn);
+    }
+
+    /// The host process died: its connections are gone with it.
+    pub fn restarted(&mut self) {
+        self.open.clear();
+        self.closing.clear();
+        self.started_high.0 = i64::MIN;
+        self.hasher.update(b"R");
+    }
+
+    /// Hashes one output and checks it may be sent at all.
+    pub fn on_output(&mut self, out: &Output) -> Result<(), String> {
+        self.outputs += 1;
+        match out {
+            Output::Send { conn, frame } => {
+                self.hasher.update(b"S");
+                self.hasher.update(conn.0.to_le_bytes());
+                self.hasher.update((frame.len() as u64).to_le_bytes());
+                self.hasher.update(frame.as_bytes());
+                if !self.open.contains(conn) {
+                    return Err(format!(
+                        "frame for {conn:?}, which the host was told is closed or never saw"
+                    ));
+                }
+                if self.closing.contains(conn) {
+                    return Err(format!("frame for {conn:?} after the host closed it"));
+                }
+                self.wall_clock(frame.as_str())?;
+            }
+            Output::Close { conn, code, .. } => {
+                self.hasher.update(b"C");
+                self.hasher.update(conn.0.to_le_bytes());
+                self.hasher.update(code.code().to_le_bytes());
+                if !self.open.contains(conn) {
+                    return Err(format!(
+                        "close for {conn:?}, which the host was told is closed or never saw"
+                    ));
+                }
+                if !self.closing.insert(*conn) {
+                    return Err(format!("{conn:?} closed twice"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Invariant 6: turn start times handed out never go back within a host lifetime.
+    fn wall_clock(&mut self, frame: &str) -> Result<(), String> {
+        if !frame.contains("\"chat/turnStarted\"") || frame.contains("\"rejectionReason\"") {
+            return Ok(());
+        }
+        let v: Value =
+            serde_json::from_str(frame).map_err(|e| format!("host frame is not JSON: {e}"))?;
+        let Some(text) = v
+            .pointer("/params/action/startedAt")
+            .and_then(Value::as_str)
+        else {
+            return Ok(());
+        };
+        let ms = crate::client::unix_ms(text)
+            .ok_or_else(|| format!("startedAt {text:?} is not RFC 3339 UTC"))?;
+        let (life, ever) = self.started_high;
+        if ms < life {
+            return Err(format!("startedAt {text} is older than a start time this host already handed out ({life} ms)"));
+        }
+        // Across restarts too: the host resumes its wall-clock mark from the timestamps it
+        // stored, and every accepted startedAt was stored with its event.
+        if ms < ever {
+            self.clock_regressions += 1;
+            return Err(format!(
+                "startedAt {text} is older than one handed out before a restart ({ever} ms)"
+            ));
+        }
+        self.started_high = (ms, ever.max(ms));
+        Ok(())
+    }
+
+    /// Every cross-cutting invariant, after one step. `epoch` counts calls into the host: the
+    /// host's state can only change when it does, so comparisons are cached per epoch and per
+    /// replica version without skipping any state that could differ.
+    pub fn after_step(
+        &mut self,
+        host: &Host<SimStore>,
+        net: &SimNet,
+        clients: &[SimClient],
+        epoch: u64,
+    ) -> Result<(), String> {
+        self.sequence(host)?;
+        self.ledger(host, net)?;
+        if epoch != self.cache_epoch {
+            self.host_cache.clear();
+            self.cache_epoch = epoch;
+        }
+        for client in clients {
+            self.subscriptions(host, net, client)?;
+            if quiescent(client, net) {
+                self.mirrors(host, client, epoch, false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// At the end of the liveness phase: every client that must be up is quiescent, and every
+    /// replica is compared again without the cache.
+    pub fn final_check(
+        &mut self,
+        host: &Host<SimStore>,
+        net: &SimNet,
+        clients: &[SimClient],
+    ) -> Result<(), String> {
+        self.host_cache.clear();
+        self.cache_epoch = u64::MAX;
+        for client in clients.iter().filter(|c| c.connection.is_some()) {
+            if !quiescent(client, net) {
+                return Err(format!(
+                    "client {} is not quiescent after settling",
+                    client.index
+                ));
+            }
+            self.mirrors(host, client, u64::MAX, true)?;
+        }
+        Ok(())
+    }
+
+    fn sequence(&mut self, host: &Host<SimStore>) -> Result<(), String> {
+        let seq = host.server_seq();
+        if seq < self.server_seq_high {
+            return Err(format!(
+                "host serverSeq went back from {} to {seq}",
+                self.server_seq_high
+            ));
+        }
+        self.server_seq_high = seq;
+        let stored = host.store().mem().server_seq();
+        if seq > stored {
+            return Err(format!(
+                "host serverSeq {seq} is ahead of the store's {stored}"
+            ));
+        }
+        Ok(())
+    }
+
+    fn ledger(&self, host: &Host<SimStore>, net: &SimNet) -> Result<(), String> {
+        for (conn, link) in net.links() {
+            match host.queued_bytes(conn) {
+                None => {
+                    return Err(format!(
+                        "{conn:?} is open at the driver but unknown to the host"
+                    ))
+                }
+                Some(q) if q != link.unflushed_bytes => {
+                    return Err(format!(
+                        "{conn:?}: host counts {q} queued bytes, driver has {} unflushed",
+                        link.unflushed_bytes
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn subscriptions(
+        &self,
+        host: &Host<SimStore>,
+        net: &SimNet,
+        client: &SimClient,
+    ) -> Result<(), String> {
+        let Some(c) = &client.connection else {
+            return Ok(());
+        };
+        if net.link(c.conn).is_none_or(|l| l.host_closed) {
+            // A connection the host is closing observes nothing: the host drops its
+            // subscriptions at once, while the client learns of the close only later.
+            return Ok(());
+        }
+        let held: BTreeSet<String> = host.subscriptions(c.conn).into_iter().collect();
+        let maybe = client.channels_maybe_subscribed();
+        if let Some(extra) = held.iter().find(|ch| !maybe.contains(*ch)) {
+            return Err(format!(
+                "client {} {:?}: host holds a subscription to {extra} the client never asked for or already left",
+                client.index, c.conn
+            ));
+        }
+        if c.ready {
+            if let Some(lost) = client.replicas.keys().find(|ch| !held.contains(*ch)) {
+                return Err(format!(
+                    "client {} {:?}: client mirrors {lost} but the host holds no subscription",
+                    client.index, c.conn
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn mirrors(
+        &mut self,
+        host: &Host<SimStore>,
+        client: &SimClient,
+        epoch: u64,
+        force: bool,
+    ) -> Result<(), String> {
+        for (uri, replica) in &client.replicas {
+            let key = (client.index, uri.clone());
+            if !force && self.compared.get(&key) == Some(&(epoch, replica.version)) {
+                continue;
+            }
+            self.comparisons += 1;
+            // The catalog differs per observer: cache it per principal.
+            let cache_key = if uri == CATALOG {
+                format!("{uri}#{}", client.principal.id)
+            } else {
+                uri.clone()
+            };
+            let host_state = self
+                .host_cache
+                .entry(cache_key)
+                .or_insert_with(|| host.channel_state_for(&client.principal, uri));
+            let Some(host_state) = host_state else {
+                return Err(format!(
+                    "client {} mirrors {uri}, which the host does not have",
+                    client.index
+                ));
+            };
+            if replica.json() != host_state {
+                return Err(format!(
+                    "client {} (quiescent) disagrees with the host on {uri}: {}",
+                    client.index,
+                    first_difference(replica.json(), host_state)
+                ));
+            }
+            self.compared.insert(key, (epoch, replica.version));
+        }
+        Ok(())
+    }
+
+    /// After a restart: the sequence did not go back and every channel is as it was.
+    pub fn after_restart(
+        &mut self,
+        before: &Durable,
+        host: &Host<SimStore>,
+        session_ids: &[String],
+    ) -> Result<(), String> {
+        let after = Durable::capture(host, session_ids);
+        if after.server_seq < before.server_seq {
+            return Err(format!(
+                "restart moved serverSeq back from {} to {}",
+                before.server_seq, after.server_seq
+            ));
+        }
+        for (uri, state) in &before.states {
+            match after.states.get(uri) {
+                None => return Err(format!("restart lost {uri}")),
+                Some(s) if s != state => {
+                    return Err(format!(
+                        "restart changed {uri}: {}",
+                        difference(s, state, ("after", "before"))
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(uri) = after
+            .states
+            .keys()
+            .find(|u| !before.states.contains_key(*u))
+        {
+            return Err(format!("restart invented {uri}"));
+        }
+        self.host_cache.clear();
+        self.cache_epoch = u64::MAX;
+        self.sequence(host)
+    }
+}
+
+/// Whether `client` has received everything the host sent it: initialized, its link open and
+/// nothing in flight towards it. Only then must its replicas equal the host's states.
+fn quiescent(client: &SimClient, net: &SimNet) -> bool {
+    let Some(c) = &client.connection else {
+        return false;
+    };
+    if !c.ready {
+        return false;
+    }
+    net.link(c.conn)
+        .is_some_and(|l| !l.in_flight_to_client() && !l.host_closed && !l.client_gone)
+}

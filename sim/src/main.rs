@@ -1,0 +1,142 @@
+//! `axhost-sim`: run one seed exactly, or a range of seeds with a summary.
+//!
+//! ```text
+//! axhost-sim --seed N                 options, then `seed=N hash=<hex> steps=…`
+//! axhost-sim --seeds A..B             every seed in the range (end exclusive)
+//! axhost-sim --runs M [--start S]     M seeds from S (default 0)
+//! ```
+//! Add `--twice` to run every seed twice and compare digests, `--trace` to print every step
+//! and frame to stderr. On a violation it prints the
+//! violation, the options and the replay command, and exits with status 1.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use axhost_sim::{parse_seed_range, run_report, run_world, Options, Report, World};
+
+struct Args {
+    seeds: std::ops::Range<u64>,
+    single: bool,
+    twice: bool,
+    trace: bool,
+}
+
+fn usage() -> ExitCode {
+    eprintln!(
+        "usage: axhost-sim (--seed N | --seeds A..B | --runs M [--start S]) [--twice] [--trace]"
+    );
+    ExitCode::from(2)
+}
+
+fn parse_args() -> Option<Args> {
+    let mut args = std::env::args().skip(1);
+    let (mut seeds, mut single, mut twice, mut trace) = (None, false, false, false);
+    let (mut runs, mut start): (Option<u64>, u64) = (None, 0);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--seed" => {
+                seeds = parse_seed_range(&args.next()?).filter(|r| r.end - r.start == 1);
+                single = true;
+            }
+            "--seeds" => seeds = parse_seed_range(&args.next()?),
+            "--runs" => runs = args.next()?.parse().ok(),
+            "--start" => start = args.next()?.parse().ok()?,
+            "--twice" => twice = true,
+            "--trace" => trace = true,
+            _ => return None,
+        }
+    }
+    if let Some(m) = runs {
+        seeds = Some(start..start.checked_add(m)?);
+    }
+    Some(Args {
+        seeds: seeds?,
+        single,
+        twice,
+        trace,
+    })
+}
+
+fn options_of(seed: u64) -> Options {
+    World::new(seed).options
+}
+
+fn print_line(r: &Report) {
+    println!(
+        "seed={} hash={} steps={} sim_ms={} outputs={} server_seq={} comparisons={} restarts={} host_closes={} \
+         disconnects={} reconnects(replay/snapshot/refused)={}/{}/{} rejections={} accepted={} store_faults={} \
+         clock_regressions={} frame_bytes_max={} handshake_slow_closes={}",
+        r.seed,
+        r.digest,
+        r.steps,
+        r.sim_ms,
+        r.outputs,
+        r.server_seq,
+        r.comparisons,
+        r.counters.restarts,
+        r.counters.host_closes,
+        r.counters.disconnects,
+        r.reconnects.0,
+        r.reconnects.1,
+        r.reconnects.2,
+        r.echoes.0,
+        r.echoes.1,
+        r.store_faults,
+        r.clock_regressions,
+        r.counters.frame_bytes_max,
+        r.counters.handshake_slow_closes,
+    );
+}
+
+fn main() -> ExitCode {
+    let Some(args) = parse_args() else {
+        return usage();
+    };
+    let started = Instant::now();
+    let (mut ok, mut steps) = (0u64, 0u64);
+    for seed in args.seeds.clone() {
+        if args.single {
+            println!("seed={seed} options={:#?}", options_of(seed));
+        }
+        let mut world = World::new(seed);
+        world.trace = args.trace;
+        let first = run_world(world);
+        let second = if args.twice {
+            Some(run_report(seed))
+        } else {
+            None
+        };
+        match (first, second) {
+            (Ok(a), Some(Ok(b))) if a.digest != b.digest => {
+                println!(
+                    "seed={seed}: NOT DETERMINISTIC: {} then {}",
+                    a.digest, b.digest
+                );
+                println!("replay: cargo run -p axhost-sim -- --seed {seed}");
+                return ExitCode::from(1);
+            }
+            (Ok(r), None | Some(Ok(_))) => {
+                steps += r.steps;
+                ok += 1;
+                if args.single || args.seeds.end - args.seeds.start <= 50 {
+                    print_line(&r);
+                }
+            }
+            (Err(v), _) | (_, Some(Err(v))) => {
+                println!("VIOLATION {v}");
+                println!("options: {:#?}", options_of(seed));
+                println!("replay: cargo run -p axhost-sim -- --seed {seed}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    if !args.single {
+        println!(
+            "seeds {}..{}: {ok} passed, {steps} steps, {:.1}s",
+            args.seeds.start,
+            args.seeds.end,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,342 @@
+//! The whole configuration of one run, drawn from its seed (swarm testing).
+//!
+//! Like TigerBeetle's `options_swarm`, the seed picks the fault mix *and* the limits: one run has
+//! six clients on a fast network, the next one client behind a clogged link with a replay budget
+//! of zero. Runs differ in kind, not only in order, so rare paths (snapshot reconnect, slow
+//! consumer close, commit failure) run often. Probabilities are integer [`Ratio`]s so a seed means
+//! the same thing on every platform.
+
+use std::fmt;
+
+use axhost_core::Limits;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// An integer probability: `numerator` in `denominator`.
+#[derive(Copy, Clone, PartialEq, Eq)]
+pub struct Ratio {
+    /// Chances of a hit.
+    pub numerator: u32,
+    /// Out of this many; never zero.
+    pub denominator: u32,
+}
+
+impl Ratio {
+    /// Never hits.
+    pub const NEVER: Ratio = Ratio {
+        numerator: 0,
+        denominator: 1,
+    };
+
+    /// `numerator` in `denominator`.
+    pub const fn new(numerator: u32, denominator: u32) -> Ratio {
+        assert!(denominator > 0);
+        assert!(numerator <= denominator);
+        Ratio {
+            numerator,
+            denominator,
+        }
+    }
+
+    /// Rolls once. A `NEVER` ratio draws nothing, so turning a fault off does not shift the
+    /// generator's sequence for everything else any more than necessary.
+    pub fn hit(self, rng: &mut ChaCha8Rng) -> bool {
+        self.numerator > 0 && rng.random_range(0..self.denominator) < self.numerator
+    }
+}
+
+impl fmt::Debug for Ratio {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.numerator, self.denominator)
+    }
+}
+
+/// How the wall clock handed to the host relates to the monotonic one. The core keeps a
+/// high-water mark of wall time, so a clock that steps back must never make timestamps go back.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum WallDrift {
+    /// Wall = epoch + monotonic.
+    None,
+    /// Wall gains (or loses, when negative) this many parts per million.
+    Linear {
+        /// Parts per million, positive or negative.
+        ppm: i64,
+    },
+    /// Wall jumps by up to this many milliseconds, forwards or backwards, now and then.
+    Jumps {
+        /// Largest jump in either direction.
+        ms_max: u64,
+    },
+}
+
+/// Relative weights of what a connected, initialized client does on its turn.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct ActionMix {
+    /// `subscribe` to some channel (existing or not, allowed or not).
+    pub subscribe: u32,
+    /// `unsubscribe`, as a request or a notification.
+    pub unsubscribe: u32,
+    /// `createSession` from a small id pool, so duplicates happen.
+    pub create_session: u32,
+    /// `listSessions`, sometimes paging.
+    pub list_sessions: u32,
+    /// `dispatchAction` with valid, invalid, server-only and misdirected actions.
+    pub dispatch: u32,
+    /// `ping`.
+    pub ping: u32,
+    /// Malformed frames and unknown methods.
+    pub garbage: u32,
+    /// Client services: register, update, unregister, watch the catalog.
+    pub services: u32,
+}
+
+impl ActionMix {
+    /// Sum of all weights.
+    pub fn total(&self) -> u32 {
+        self.subscribe
+            + self.unsubscribe
+            + self.create_session
+            + self.list_sessions
+            + self.dispatch
+            + self.ping
+            + self.garbage
+            + self.services
+    }
+}
+
+/// Everything a run depends on besides the seed's sub-generators.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The seed these options were drawn from.
+    pub seed: u64,
+    /// Number of simulated clients (1–6).
+    pub clients: u32,
+    /// Steps of the safety phase (faults on) before the liveness phase.
+    pub steps_max: u32,
+    /// One-way latency range of every link, in milliseconds.
+    pub latency_ms_min: u64,
+    /// See `latency_ms_min`.
+    pub latency_ms_max: u64,
+    /// Largest pause between two turns of one client.
+    pub think_ms_max: u64,
+    /// Per turn: the client drops its connection.
+    pub disconnect: Ratio,
+    /// Per disconnect: abrupt (unsent messages lost) rather than graceful.
+    pub disconnect_abrupt: Ratio,
+    /// Per client disconnect: the client stays away long (a laptop asleep) before coming back.
+    pub absence: Ratio,
+    /// Longest absence.
+    pub absence_ms_max: u64,
+    /// Per connect: the client opens the socket and says nothing (handshake timeout).
+    pub silent_connect: Ratio,
+    /// Per turn: the client stops reading for a while (slow consumer).
+    pub clog: Ratio,
+    /// Longest clog.
+    pub clog_ms_max: u64,
+    /// Per delivered frame: the driver reports `Flushed` late.
+    pub flush_delay: Ratio,
+    /// Longest flush report delay.
+    pub flush_delay_ms_max: u64,
+    /// Mean time between host restarts, if restarts happen at all.
+    pub restart_interval_ms: Option<u64>,
+    /// Per store call: the store refuses it (buggify: activated for some runs only).
+    pub store_fault: Option<Ratio>,
+    /// Wall clock behaviour.
+    pub wall_drift: WallDrift,
+    /// The host's limits, sometimes shrunk so limit paths run.
+    pub limits: Limits,
+    /// What clients do.
+    pub mix: ActionMix,
+    /// Host trust groups (principal ids) for client-service visibility.
+    pub trust_groups: Vec<Vec<String>>,
+    /// Per client: the principal is an observer.
+    pub observer: Ratio,
+    /// Per client: the principal sees only some sessions.
+    pub scoped: Ratio,
+    /// Session ids come from `s0..s{session_pool}`.
+    pub session_pool: u32,
+    /// Whether clients act on their own. Scripted scenario tests turn this off and drive
+    /// clients explicitly.
+    pub autonomous: bool,
+}
+
+impl Options {
+    /// Draws a whole run's configuration from `rng` (the root generator, first thing drawn).
+    pub fn swarm(seed: u64, rng: &mut ChaCha8Rng) -> Options {
+        let clients = rng.random_range(1..=6);
+        let latency_ms_min = rng.random_range(0..=5);
+        let spread = [0, 5, 20, 80, 200][rng.random_range(0..5)];
+        let latency_ms_max = latency_ms_min + spread;
+        let mut limits = Limits::default();
+        if Ratio::new(1, 4).hit(rng) {
+            limits.connections_max = rng.random_range(1..=clients + 2);
+        }
+        if Ratio::new(1, 3).hit(rng) {
+            limits.subscriptions_per_conn_max = rng.random_range(1..=4);
+        }
+        if Ratio::new(1, 4).hit(rng) {
+            limits.message_bytes_max = rng.random_range(1024..=4096);
+        }
+        if Ratio::new(1, 3).hit(rng) {
+            // Long enough for a handshake round trip on this network, short enough to fire.
+            let floor_ms = 3 * latency_ms_max + 50;
+            limits.handshake_timeout_ms = floor_ms + rng.random_range(0..=1500);
+        }
+        if Ratio::new(1, 3).hit(rng) {
+            let floor = u64::from(limits.message_bytes_max).max(4096);
+            limits.queue_bytes_hard = rng.random_range(floor..=floor * 4);
+            // Client-service traffic is dropped above the soft limit, which sits below the hard.
+            limits.queue_bytes_soft = limits.queue_bytes_hard / 2;
+        }
+        if Ratio::new(1, 2).hit(rng) {
+            limits.replay_events_max = rng.random_range(0..=16);
+        }
+        if Ratio::new(1, 4).hit(rng) {
+            limits.pending_messages_max = rng.random_range(1..=4);
+        }
+        let wall_drift = match rng.random_range(0..3) {
+            0 => WallDrift::None,
+            1 => WallDrift::Linear {
+                ppm: rng.random_range(-200_000..=200_000),
+            },
+            _ => WallDrift::Jumps {
+                ms_max: rng.random_range(1..=60_000),
+            },
+        };
+        let mix = ActionMix {
+            subscribe: rng.random_range(1..=10),
+            unsubscribe: rng.random_range(0..=5),
+            create_session: rng.random_range(1..=6),
+            list_sessions: rng.random_range(0..=3),
+            dispatch: rng.random_range(4..=24),
+            ping: rng.random_range(0..=2),
+            garbage: rng.random_range(0..=3),
+            services: rng.random_range(0..=6),
+        };
+        // Principals in one trust group see (and may call) each other's services.
+        let mut trust_groups = Vec::new();
+        if Ratio::new(1, 2).hit(rng) {
+            let group: Vec<String> = (0..clients)
+                .filter(|_| Ratio::new(2, 3).hit(rng))
+                .map(|i| format!("p{i}"))
+                .collect();
+            if group.len() >= 2 {
+                trust_groups.push(group);
+            }
+        }
+        Options {
+            seed,
+            clients,
+            steps_max: rng.random_range(300..=2000),
+            latency_ms_min,
+            latency_ms_max,
+            think_ms_max: rng.random_range(10..=300),
+            disconnect: ratio_or_never(rng, 3, 40),
+            disconnect_abrupt: Ratio::new(rng.random_range(0..=2), 2),
+            absence: ratio_or_never(rng, 1, 4),
+            absence_ms_max: rng.random_range(1000..=30_000),
+            silent_connect: ratio_or_never(rng, 1, 10),
+            clog: ratio_or_never(rng, 3, 40),
+            clog_ms_max: rng.random_range(100..=5000),
+            flush_delay: ratio_or_never(rng, 1, 5),
+            flush_delay_ms_max: rng.random_range(10..=2000),
+            restart_interval_ms: Ratio::new(1, 2)
+                .hit(rng)
+                .then(|| rng.random_range(300..=6000)),
+            store_fault: Ratio::new(1, 4)
+                .hit(rng)
+                .then(|| Ratio::new(rng.random_range(1..=3), 20)),
+            wall_drift,
+            limits,
+            mix,
+            trust_groups,
+            observer: Ratio::new(rng.random_range(0..=1), 4),
+            scoped: Ratio::new(rng.random_range(0..=1), 4),
+            session_pool: rng.random_range(1..=5),
+            autonomous: true,
+        }
+    }
+
+    /// A calm, fault-free configuration for scripted scenario tests: fixed latency, no random
+    /// faults, clients act only when told to. Tests tweak fields from here.
+    pub fn scripted(seed: u64, clients: u32) -> Options {
+        Options {
+            seed,
+            clients,
+            steps_max: 0,
+            latency_ms_min: 1,
+            latency_ms_max: 3,
+            think_ms_max: 50,
+            disconnect: Ratio::NEVER,
+            disconnect_abrupt: Ratio::NEVER,
+            absence: Ratio::NEVER,
+            absence_ms_max: 0,
+            silent_connect: Ratio::NEVER,
+            clog: Ratio::NEVER,
+            clog_ms_max: 0,
+            flush_delay: Ratio::NEVER,
+            flush_delay_ms_max: 0,
+            restart_interval_ms: None,
+            store_fault: None,
+            wall_drift: WallDrift::None,
+            limits: Limits::default(),
+            mix: ActionMix {
+                subscribe: 1,
+                unsubscribe: 1,
+                create_session: 1,
+                list_sessions: 1,
+                dispatch: 1,
+                ping: 1,
+                garbage: 1,
+                services: 1,
+            },
+            trust_groups: Vec::new(),
+            observer: Ratio::NEVER,
+            scoped: Ratio::NEVER,
+            session_pool: 3,
+            autonomous: false,
+        }
+    }
+
+    /// The session ids of the pool, in order.
+    pub fn session_ids(&self) -> Vec<String> {
+        (0..self.session_pool).map(|i| format!("s{i}")).collect()
+    }
+}
+
+/// `numerator_max / denominator` with a random numerator, or never (a third of the time).
+fn ratio_or_never(rng: &mut ChaCha8Rng, numerator_max: u32, denominator: u32) -> Ratio {
+    if Ratio::new(1, 3).hit(rng) {
+        Ratio::NEVER
+    } else {
+        Ratio::new(rng.random_range(1..=numerator_max), denominator)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn swarm_options_are_valid_limits_and_sane_ranges() {
+        for seed in 0..500 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let o = Options::swarm(seed, &mut rng);
+            assert_eq!(o.limits.validate(), Ok(()), "seed {seed}");
+            assert!((1..=6).contains(&o.clients));
+            assert!(o.latency_ms_min <= o.latency_ms_max);
+            assert!(o.limits.handshake_timeout_ms > 2 * o.latency_ms_max);
+            assert!(o.mix.total() > 0);
+        }
+    }
+
+    #[test]
+    fn ratios_hit_at_their_rate() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let r = Ratio::new(1, 4);
+        let hits = (0..40_000).filter(|_| r.hit(&mut rng)).count();
+        assert!((9_000..11_000).contains(&hits), "{hits}");
+        assert!(!(0..100).any(|_| Ratio::NEVER.hit(&mut rng)));
+    }
+}

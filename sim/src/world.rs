@@ -1,0 +1,916 @@
+//! The world: a discrete-event simulation of one host, its store, a network and its clients.
+//!
+//! Time jumps to the next event. An event is a network delivery (either direction), the host's
+//! own deadline, or something on the agenda (a client's turn, a connect, a late `Flushed`
+//! report, a host restart, a wall-clock jump). After every step the world drains the host's
+//! outputs into the network and the checker looks at everything.
+//!
+//! Two phases, as in TigerBeetle's VOPR: the *safety* phase runs a bounded number of steps
+//! with every fault on; the *liveness* phase ([`World::settle`]) heals the network, disarms the
+//! store, stops the clients' own actions and requires every client that can be connected to
+//! converge (initialized, nothing owed, nothing in flight) within a budget.
+//!
+//! Everything random comes from one seed: the options are drawn first, then each
+//! sub-generator's seed, in a fixed order.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axhost_core::{ConnId, Host, HostConfig, Input, Instant, Now, Output, Principal, SessionScope};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::checker::{Checker, Digest, Durable, Violation};
+use crate::client::SimClient;
+use crate::net::{Direction, SimNet, ToClient, ToHost};
+use crate::options::{Options, Ratio, WallDrift};
+use crate::script::Intent;
+use crate::store::SimStore;
+
+/// Wall-clock origin of every run: 2026-01-01T00:00:00Z.
+const EPOCH_MS: u64 = 1_767_225_600_000;
+/// Simulated time the liveness phase may take.
+pub const SETTLE_BUDGET_MS: u64 = 120_000;
+/// Steps the liveness phase may take.
+const SETTLE_STEPS_MAX: u64 = 50_000;
+
+/// The driver's clocks: monotonic simulated time and a wall clock that may drift.
+struct SimClock {
+    mono_ms: u64,
+    wall_offset_ms: i64,
+    drift: WallDrift,
+}
+
+impl SimClock {
+    fn now(&self) -> Now {
+        let linear = match self.drift {
+            WallDrift::Linear { ppm } => (self.mono_ms as i64).saturating_mul(ppm) / 1_000_000,
+            _ => 0,
+        };
+        let wall = (EPOCH_MS as i64 + self.mono_ms as i64 + self.wall_offset_ms + linear).max(0);
+        Now {
+            mono: Instant(self.mono_ms),
+            wall_unix_ms: wall as u64,
+        }
+    }
+
+    fn advance_to(&mut self, at_ms: u64) {
+        // Monotonic time never goes back; events due "in the past" run now.
+        self.mono_ms = self.mono_ms.max(at_ms);
+    }
+}
+
+/// Things on the agenda.
+#[derive(Clone, Debug)]
+enum Event {
+    /// A client's turn.
+    Turn(usize),
+    /// A client opens a connection (if it has none).
+    Connect(usize),
+    /// The driver reports bytes it wrote late.
+    Flushed { conn: ConnId, bytes: u64 },
+    /// The host process restarts over its store.
+    Restart,
+    /// The wall clock jumps.
+    WallJump,
+}
+
+/// What runs next.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    HostTimer,
+    Net(ConnId, Direction),
+    Agenda(u64, u64),
+}
+
+/// Counters for the report.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    /// Host restarts.
+    pub restarts: u64,
+    /// Client-initiated disconnects.
+    pub disconnects: u64,
+    /// Closes initiated by the host, delivered to clients.
+    pub host_closes: u64,
+    /// Clogs started.
+    pub clogs: u64,
+    /// Host closes by reason.
+    pub close_reasons: BTreeMap<&'static str, u64>,
+    /// Largest frame the host sent.
+    pub frame_bytes_max: u64,
+    /// Slow-consumer closes of connections whose handshake answer never arrived.
+    pub handshake_slow_closes: u64,
+}
+
+/// One run's outcome.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// Trace digest.
+    pub digest: Digest,
+    /// Steps taken, both phases.
+    pub steps: u64,
+    /// Simulated milliseconds.
+    pub sim_ms: u64,
+    /// Outputs hashed.
+    pub outputs: u64,
+    /// The host's final `serverSeq`.
+    pub server_seq: u64,
+    /// Replica comparisons made by the checker.
+    pub comparisons: u64,
+    /// World counters.
+    pub counters: Counters,
+    /// Reconnects answered by replay, by snapshots, and refused.
+    pub reconnects: (u64, u64, u64),
+    /// Rejection echoes and own accepted echoes seen by clients.
+    pub echoes: (u64, u64),
+    /// Store calls refused on purpose.
+    pub store_faults: u64,
+    /// Turn start times older than one an earlier host process handed out.
+    pub clock_regressions: u64,
+}
+
+/// The simulated world. See the module docs.
+pub struct World {
+    /// The run's configuration.
+    pub options: Options,
+    rng: ChaCha8Rng,
+    clock: SimClock,
+    config: HostConfig,
+    host: Option<Host<SimStore>>,
+    net: SimNet,
+    /// The clients.
+    pub clients: Vec<SimClient>,
+    checker: Checker,
+    agenda: BTreeMap<(u64, u64), Event>,
+    agenda_next: u64,
+    conn_next: u64,
+    /// Steps taken.
+    pub steps: u64,
+    /// Calls into the host so far; the host's state can only change with one.
+    epoch: u64,
+    liveness: bool,
+    store_faults_before: u64,
+    /// Counters.
+    pub counters: Counters,
+    /// Print every step to stderr (the CLI's `--trace`).
+    pub trace: bool,
+    /// Every client has left for good ([`World::depart`]).
+    departed: bool,
+}
+
+impl World {
+    /// A world whose options are drawn from `seed` (swarm testing).
+    pub fn new(seed: u64) -> World {
+        let mut root = ChaCha8Rng::seed_from_u64(seed);
+        let options = Options::swarm(seed, &mut root);
+        World::build(options, root)
+    }
+
+    /// A world with fixed options (scripted scenarios); randomness still comes from the seed.
+    pub fn with_options(options: Options) -> World {
+        let root = ChaCha8Rng::seed_from_u64(options.seed ^ 0x5eed_5eed_5eed_5eed);
+        World::build(options, root)
+    }
+
+    fn build(options: Options, mut root: ChaCha8Rng) -> World {
+        let host_seed: u64 = root.random();
+        let net_rng = ChaCha8Rng::seed_from_u64(root.random());
+        let store_rng = ChaCha8Rng::seed_from_u64(root.random());
+        let mut rng = ChaCha8Rng::seed_from_u64(root.random());
+        let config = HostConfig {
+            limits: options.limits.clone(),
+            trust_groups: options.trust_groups.clone(),
+            ..HostConfig::default()
+        };
+        let store = SimStore::new(store_rng, options.store_fault);
+        // Limits come from `Options`, which validates them in its tests; a refusal is a bug there.
+        let host = Host::new(config.clone(), store, host_seed).ok();
+        let pool = options.session_ids();
+        let clients = (0..options.clients as usize)
+            .map(|i| {
+                let principal = Arc::new(draw_principal(&mut rng, &options, i));
+                let client_rng = ChaCha8Rng::seed_from_u64(rng.random());
+                let mut c = SimClient::new(
+                    i,
+                    principal,
+                    format!("client-{i}"),
+                    client_rng,
+                    pool.clone(),
+                );
+                c.calm = !options.autonomous;
+                c
+            })
+            .collect();
+        let mut world = World {
+            net: SimNet::new(net_rng, options.latency_ms_min, options.latency_ms_max),
+            clock: SimClock {
+                mono_ms: 0,
+                wall_offset_ms: 0,
+                drift: options.wall_drift,
+            },
+            options,
+            rng,
+            config,
+            host,
+            clients,
+            checker: Checker::new(),
+            agenda: BTreeMap::new(),
+            agenda_next: 0,
+            conn_next: 1,
+            steps: 0,
+            epoch: 0,
+            liveness: false,
+            store_faults_before: 0,
+            counters: Counters::default(),
+            trace: false,
+            departed: false,
+        };
+        world.seed_agenda();
+        world
+    }
+
+    fn seed_agenda(&mut self) {
+        if !self.options.autonomous {
+            return;
+        }
+        for i in 0..self.clients.len() {
+            let at = self.rng.random_range(0..=self.options.think_ms_max);
+            self.schedule(at, Event::Connect(i));
+            let at = at + self.rng.random_range(1..=self.options.think_ms_max);
+            self.schedule(at, Event::Turn(i));
+        }
+        if let Some(interval) = self.options.restart_interval_ms {
+            let at = self.rng.random_range(1..=2 * interval);
+            self.schedule(at, Event::Restart);
+        }
+        if matches!(self.options.wall_drift, WallDrift::Jumps { .. }) {
+            self.schedule(1000, Event::WallJump);
+        }
+    }
+
+    fn schedule(&mut self, at_ms: u64, event: Event) {
+        self.agenda.insert((at_ms, self.agenda_next), event);
+        self.agenda_next += 1;
+    }
+
+    /// Simulated time now, in milliseconds.
+    pub fn now_ms(&self) -> u64 {
+        self.clock.mono_ms
+    }
+
+    /// The host (absent only if it failed to start).
+    pub fn host(&self) -> Option<&Host<SimStore>> {
+        self.host.as_ref()
+    }
+
+    /// The digest of every output so far.
+    pub fn digest(&self) -> Digest {
+        self.checker.digest()
+    }
+
+    fn violation(&self, message: impl Into<String>) -> Violation {
+        Violation {
+            seed: self.options.seed,
+            step: self.steps,
+            at_ms: self.clock.mono_ms,
+            message: message.into(),
+        }
+    }
+
+    fn host_mut(&mut self) -> Result<&mut Host<SimStore>, Violation> {
+        match self.host.as_mut() {
+            Some(h) => Ok(h),
+            None => Err(Violation {
+                seed: self.options.seed,
+                step: self.steps,
+                at_ms: self.clock.mono_ms,
+                message: "the host failed to start".into(),
+            }),
+        }
+    }
+
+    /// Feeds one input to the host at the current time.
+    fn feed(&mut self, input: Input<'_>) -> Result<(), Violation> {
+        let now = self.clock.now();
+        self.epoch += 1;
+        self.host_mut()?.handle(now, input);
+        Ok(())
+    }
+
+    // ─── Stepping ───────────────────────────────────────────────────────────────────────────
+
+    fn next_due(&self) -> Option<(u64, Due)> {
+        let mut best: Option<(u64, Due)> = None;
+        let mut offer = |at: u64, due: Due| {
+            if best.is_none_or(|b| (at, due) < b) {
+                best = Some((at, due));
+            }
+        };
+        if let Some(deadline) = self.host.as_ref().and_then(|h| h.poll_timeout()) {
+            offer(deadline.0, Due::HostTimer);
+        }
+        if let Some((at, conn, dir)) = self.net.earliest() {
+            offer(at, Due::Net(conn, dir));
+        }
+        if let Some((&(at, n), _)) = self.agenda.first_key_value() {
+            offer(at, Due::Agenda(at, n));
+        }
+        best
+    }
+
+    /// Runs the earliest event, drains the host and checks every invariant. False when
+    /// nothing is left to run.
+    pub fn step(&mut self) -> Result<bool, Violation> {
+        let Some((at, due)) = self.next_due() else {
+            return Ok(false);
+        };
+        self.clock.advance_to(at);
+        self.steps += 1;
+        if self.trace {
+            let what = match due {
+                Due::Agenda(at, n) => format!("{:?}", self.agenda.get(&(at, n))),
+                other => format!("{other:?}"),
+            };
+            eprintln!("[{:>6} t={:>7}] {what}", self.steps, self.clock.mono_ms);
+        }
+        match due {
+            Due::HostTimer => {
+                let now = self.clock.now();
+                self.epoch += 1;
+                self.host_mut()?.handle_timeout(now);
+            }
+            Due::Net(conn, Direction::ToHost) => self.deliver_to_host(conn)?,
+            Due::Net(conn, Direction::ToClient) => self.deliver_to_client(conn)?,
+            Due::Agenda(at, n) => {
+                if let Some(event) = self.agenda.remove(&(at, n)) {
+                    self.fire(event)?;
+                }
+            }
+        }
+        self.drain()?;
+        self.check()?;
+        Ok(true)
+    }
+
+    fn check(&mut self) -> Result<(), Violation> {
+        let Some(host) = self.host.as_ref() else {
+            return Ok(());
+        };
+        let result = self
+            .checker
+            .after_step(host, &self.net, &self.clients, self.epoch);
+        result.map_err(|m| self.violation(m))
+    }
+
+    /// Moves every host output into the network.
+    fn drain(&mut self) -> Result<(), Violation> {
+        let now_ms = self.clock.mono_ms;
+        loop {
+            let Some(out) = self.host.as_mut().and_then(Host::poll_output) else {
+                return Ok(());
+            };
+            if let Err(m) = self.checker.on_output(&out) {
+                return Err(self.violation(m));
+            }
+            if self.trace {
+                match &out {
+                    Output::Send { conn, frame } => {
+                        eprintln!("    host -> {conn:?}: {}", clip(frame.as_str()))
+                    }
+                    Output::Close { conn, code, reason } => {
+                        eprintln!("    host closes {conn:?}: {} {reason}", code.code())
+                    }
+                }
+            }
+            let known = match out {
+                Output::Send { conn, frame } => {
+                    let len = frame.len() as u64;
+                    self.counters.frame_bytes_max = self.counters.frame_bytes_max.max(len);
+                    self.net.send_to_client(conn, frame, now_ms)
+                }
+                Output::Close { conn, code, reason } => {
+                    self.net.close_to_client(conn, code, reason, now_ms)
+                }
+            };
+            if !known {
+                return Err(self.violation("output for a connection the driver no longer has"));
+            }
+        }
+    }
+
+    fn deliver_to_host(&mut self, conn: ConnId) -> Result<(), Violation> {
+        match self.net.pop_to_host(conn) {
+            Some(ToHost::Message(text)) => self.feed(Input::Message { conn, text: &text }),
+            Some(ToHost::Closed) => {
+                self.net.remove(conn);
+                self.checker.closed(conn);
+                self.feed(Input::Closed { conn })
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn deliver_to_client(&mut self, conn: ConnId) -> Result<(), Violation> {
+        let Some(client) = self.net.link(conn).map(|l| l.client) else {
+            return Ok(());
+        };
+        match self.net.pop_to_client(conn) {
+            Some(ToClient::Frame(frame)) => {
+                let bytes = frame.len() as u64;
+                if !self.liveness && self.options.flush_delay.hit(&mut self.rng) {
+                    let at = self.clock.mono_ms
+                        + self
+                            .rng
+                            .random_range(1..=self.options.flush_delay_ms_max.max(1));
+                    self.schedule(at, Event::Flushed { conn, bytes });
+                } else {
+                    self.net.flushed(conn, bytes);
+                    self.feed(Input::Flushed { conn, bytes })?;
+                }
+                let result = self.clients[client].on_frame(conn, frame.as_bytes());
+                result.map_err(|m| self.violation(format!("client {client} {conn:?}: {m}")))?;
+                self.send_outbox(client);
+                Ok(())
+            }
+            Some(ToClient::Close(code, reason)) => {
+                tracing::debug!(
+                    conn = conn.0,
+                    code = code.code(),
+                    reason,
+                    "host closed connection"
+                );
+                self.counters.host_closes += 1;
+                *self.counters.close_reasons.entry(reason).or_default() += 1;
+                let mut broken = Ok(());
+                if self.clients[client]
+                    .connection
+                    .as_ref()
+                    .is_some_and(|c| c.conn == conn)
+                {
+                    broken = self.clients[client].closed_by_host(code.code(), reason);
+                }
+                broken.map_err(|m| self.violation(format!("client {client} {conn:?}: {m}")))?;
+                self.net.remove(conn);
+                self.checker.closed(conn);
+                self.feed(Input::Closed { conn })?;
+                self.schedule_reconnect(client);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn send_outbox(&mut self, client: usize) {
+        let now_ms = self.clock.mono_ms;
+        let c = &mut self.clients[client];
+        let Some(conn) = c.connection.as_ref().map(|c| c.conn) else {
+            c.outbox.clear();
+            return;
+        };
+        for text in std::mem::take(&mut c.outbox) {
+            if self.trace {
+                eprintln!(
+                    "    client {client} -> {conn:?}: {}",
+                    clip(&String::from_utf8_lossy(&text))
+                );
+            }
+            self.net.send_to_host(conn, text, now_ms);
+        }
+    }
+
+    fn schedule_reconnect(&mut self, client: usize) {
+        if self.departed {
+            return;
+        }
+        let mut backoff = self
+            .rng
+            .random_range(1..=self.options.think_ms_max.max(1) * 2);
+        if !self.liveness && self.options.absence.hit(&mut self.rng) {
+            backoff += self
+                .rng
+                .random_range(1..=self.options.absence_ms_max.max(1));
+        }
+        self.schedule(self.clock.mono_ms + backoff, Event::Connect(client));
+    }
+
+    fn fire(&mut self, event: Event) -> Result<(), Violation> {
+        match event {
+            Event::Turn(i) => {
+                if self.liveness {
+                    return Ok(());
+                }
+                let intent = self.clients[i].turn(&self.options);
+                self.act(i, intent)?;
+                let at = self.clock.mono_ms
+                    + self.rng.random_range(1..=self.options.think_ms_max.max(1));
+                self.schedule(at, Event::Turn(i));
+                Ok(())
+            }
+            Event::Connect(i) => self.connect(i),
+            Event::Flushed { conn, bytes } => {
+                if self.net.link(conn).is_some() {
+                    self.net.flushed(conn, bytes);
+                    self.feed(Input::Flushed { conn, bytes })?;
+                }
+                Ok(())
+            }
+            Event::Restart => {
+                if self.liveness {
+                    return Ok(());
+                }
+                self.restart()?;
+                if let Some(interval) = self.options.restart_interval_ms {
+                    let at = self.clock.mono_ms + self.rng.random_range(1..=2 * interval);
+                    self.schedule(at, Event::Restart);
+                }
+                Ok(())
+            }
+            Event::WallJump => {
+                if let WallDrift::Jumps { ms_max } = self.options.wall_drift {
+                    let ms_max = ms_max as i64;
+                    self.clock.wall_offset_ms += self.rng.random_range(-ms_max..=ms_max);
+                    if !self.liveness {
+                        let at = self.clock.mono_ms + self.rng.random_range(100..=5000);
+                        self.schedule(at, Event::WallJump);
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Carries out what a client's turn asked for.
+    pub fn act(&mut self, i: usize, intent: Intent) -> Result<(), Violation> {
+        match intent {
+            Intent::Nothing => {}
+            Intent::Connect => self.connect(i)?,
+            Intent::Disconnect { abrupt } => self.disconnect(i, abrupt),
+            Intent::Clog { ms } => {
+                if let Some(conn) = self.clients[i].connection.as_ref().map(|c| c.conn) {
+                    self.counters.clogs += 1;
+                    self.net.clog(conn, self.clock.mono_ms + ms);
+                }
+            }
+        }
+        self.send_outbox(i);
+        Ok(())
+    }
+
+    /// Replaces client `i`'s principal before it connects (scripted tests).
+    pub fn set_principal(&mut self, i: usize, principal: Principal) {
+        self.clients[i].principal = Arc::new(principal);
+    }
+
+    /// Opens a connection for client `i` that sends nothing (scripted tests).
+    pub fn connect_silently(&mut self, i: usize) -> Result<(), Violation> {
+        self.connect_with(i, true)
+    }
+
+    /// Opens a connection for client `i` (if it has none) and starts its handshake.
+    pub fn connect(&mut self, i: usize) -> Result<(), Violation> {
+        let silent = !self.liveness && self.options.silent_connect.hit(&mut self.rng);
+        self.connect_with(i, silent)
+    }
+
+    fn connect_with(&mut self, i: usize, silent: bool) -> Result<(), Violation> {
+        if self.clients[i].connection.is_some() || self.host.is_none() || self.departed {
+            return Ok(());
+        }
+        if self.liveness && i >= self.liveness_clients() {
+            return Ok(());
+        }
+        let conn = ConnId(self.conn_next);
+        self.conn_next += 1;
+        self.net.open(conn, i);
+        self.checker.connected(conn);
+        let principal = self.clients[i].principal.clone();
+        self.feed(Input::Connected { conn, principal })?;
+        self.clients[i].connected(conn, silent);
+        self.send_outbox(i);
+        Ok(())
+    }
+
+    /// Client `i` drops its connection and will come back later.
+    pub fn disconnect(&mut self, i: usize, abrupt: bool) {
+        let Some(conn) = self.clients[i].connection.as_ref().map(|c| c.conn) else {
+            return;
+        };
+        self.counters.disconnects += 1;
+        self.clients[i].disconnected();
+        self.net.client_disconnect(conn, abrupt, self.clock.mono_ms);
+        if self.options.autonomous || self.liveness {
+            self.schedule_reconnect(i);
+        }
+    }
+
+    /// Stops the host and starts a new one over the same store. Every connection dies with
+    /// the old process; the checker verifies nothing durable changed.
+    pub fn restart(&mut self) -> Result<(), Violation> {
+        let Some(host) = self.host.take() else {
+            return Ok(());
+        };
+        let pool = self.options.session_ids();
+        let before = Durable::capture(&host, &pool);
+        let store = host.into_store();
+        self.store_faults_before += store.refused;
+        let mut reconnect = Vec::new();
+        for (conn, link) in self.net.drop_all() {
+            let c = &mut self.clients[link.client];
+            if c.connection.as_ref().is_some_and(|x| x.conn == conn) {
+                c.disconnected();
+                reconnect.push(link.client);
+            }
+        }
+        self.checker.restarted();
+        self.counters.restarts += 1;
+        let host_seed: u64 = self.rng.random();
+        let mut store = store;
+        store.refused = 0;
+        let host = Host::new(self.config.clone(), store, host_seed)
+            .map_err(|e| self.violation(format!("host failed to restart over its store: {e}")))?;
+        self.epoch += 1;
+        let result = self.checker.after_restart(&before, &host, &pool);
+        self.host = Some(host);
+        result.map_err(|m| self.violation(m))?;
+        if self.options.autonomous || self.liveness {
+            for i in reconnect {
+                self.schedule_reconnect(i);
+            }
+        }
+        Ok(())
+    }
+
+    // ─── Phases ─────────────────────────────────────────────────────────────────────────────
+
+    /// The safety phase: `options.steps_max` steps with every fault on.
+    pub fn run_safety(&mut self) -> Result<(), Violation> {
+        for _ in 0..self.options.steps_max {
+            if !self.step()? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Clients that must converge in the liveness phase: as many as the host admits at once.
+    fn liveness_clients(&self) -> usize {
+        self.clients
+            .len()
+            .min(self.options.limits.connections_max as usize)
+    }
+
+    /// The liveness phase: heal everything, then require every client that can be connected
+    /// to be initialized with nothing owed and nothing in flight, and to agree with the host.
+    pub fn settle(&mut self) -> Result<(), Violation> {
+        self.liveness = true;
+        self.net.heal();
+        if let Some(h) = &self.host {
+            h.store().disarm();
+        }
+        let keep = self.liveness_clients();
+        for i in 0..self.clients.len() {
+            self.clients[i].calm = true;
+            if i >= keep {
+                self.disconnect(i, false);
+                continue;
+            }
+            match &self.clients[i].connection {
+                None => self.schedule(self.clock.mono_ms + 1, Event::Connect(i)),
+                Some(c) if !c.ready && !c.handshake_pending => {
+                    self.clients[i].handshake();
+                    self.send_outbox(i);
+                }
+                Some(_) => {}
+            }
+        }
+        self.converge()?;
+        // A barrier: every client pings and waits for the answer (and everything before it).
+        for i in 0..keep {
+            self.clients[i].request(
+                "ping",
+                serde_json::json!({ "channel": crate::client::ROOT }),
+                crate::client::Request::Ping,
+            );
+            self.send_outbox(i);
+        }
+        self.converge()?;
+        let Some(host) = self.host.as_ref() else {
+            return Err(self.violation("no host"));
+        };
+        let result = self.checker.final_check(host, &self.net, &self.clients);
+        result.map_err(|m| self.violation(format!("liveness: {m}")))?;
+        // The registration table holds exactly what the connected clients registered.
+        let owned: usize = self
+            .clients
+            .iter()
+            .filter_map(|c| c.connection.as_ref())
+            .map(|c| c.services.len())
+            .sum();
+        let held = self.host.as_ref().map_or(0, Host::service_count);
+        if held != owned {
+            return Err(self.violation(format!(
+                "liveness: the host holds {held} services, connected clients registered {owned}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// After settling: every client leaves for good. Every table must drain: no connection
+    /// and no service left on the host.
+    pub fn depart(&mut self) -> Result<(), Violation> {
+        self.departed = true;
+        for i in 0..self.clients.len() {
+            self.disconnect(i, false);
+        }
+        let steps_max = self.steps + SETTLE_STEPS_MAX;
+        while !self.net.is_idle()
+            || self
+                .agenda
+                .values()
+                .any(|e| matches!(e, Event::Flushed { .. }))
+        {
+            if self.steps > steps_max || !self.step()? {
+                return Err(self.violation("departure: the network never drained"));
+            }
+        }
+        let Some(host) = self.host.as_ref() else {
+            return Ok(());
+        };
+        let (conns, services) = (host.connection_count(), host.service_count());
+        if conns != 0 || services != 0 {
+            return Err(self.violation(format!(
+                "departure: every client left, the host still holds {conns} connections and {services} services"
+            )));
+        }
+        Ok(())
+    }
+
+    fn converge(&mut self) -> Result<(), Violation> {
+        let deadline_ms = self.clock.mono_ms + SETTLE_BUDGET_MS;
+        let steps_max = self.steps + SETTLE_STEPS_MAX;
+        while let Some(reason) = self.pending() {
+            if self.clock.mono_ms > deadline_ms || self.steps > steps_max {
+                return Err(self.violation(format!("liveness: did not converge: {reason}")));
+            }
+            if !self.step()? {
+                return Err(self.violation(format!("liveness: nothing left to run, but {reason}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Why the world has not converged yet, or `None`.
+    pub fn pending(&self) -> Option<String> {
+        let keep = self.liveness_clients();
+        for c in &self.clients[..keep] {
+            match &c.connection {
+                None => return Some(format!("client {} is offline", c.index)),
+                Some(x) if !x.ready => {
+                    return Some(format!("client {} has not finished its handshake", c.index))
+                }
+                Some(_) => {}
+            }
+            if let Some(what) = c.awaiting() {
+                return Some(format!("client {} awaits {what}", c.index));
+            }
+        }
+        if let Some(c) = self.clients[keep..].iter().find(|c| c.connection.is_some()) {
+            return Some(format!("client {} should be offline", c.index));
+        }
+        if !self.net.is_idle() {
+            return Some("frames in flight".into());
+        }
+        if self
+            .agenda
+            .values()
+            .any(|e| matches!(e, Event::Flushed { .. }))
+        {
+            return Some("flush reports pending".into());
+        }
+        None
+    }
+
+    /// Runs until nothing is pending or `budget_ms` passes (scripted tests).
+    pub fn run_until_quiet(&mut self, budget_ms: u64) -> Result<(), Violation> {
+        let deadline_ms = self.clock.mono_ms + budget_ms;
+        while self.quiet().is_some() {
+            if self.clock.mono_ms > deadline_ms || !self.step()? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Like [`World::pending`] but only about the network and outstanding requests.
+    fn quiet(&self) -> Option<String> {
+        if !self.net.is_idle() {
+            return Some("frames in flight".into());
+        }
+        if self
+            .agenda
+            .values()
+            .any(|e| matches!(e, Event::Flushed { .. } | Event::Connect(_)))
+        {
+            return Some("agenda".into());
+        }
+        self.clients.iter().find_map(|c| c.awaiting())
+    }
+
+    /// Runs the clock forward by `ms`, stepping everything due (scripted tests).
+    pub fn advance(&mut self, ms: u64) -> Result<(), Violation> {
+        let until = self.clock.mono_ms + ms;
+        while let Some((at, _)) = self.next_due() {
+            if at > until {
+                break;
+            }
+            self.step()?;
+        }
+        self.clock.advance_to(until);
+        Ok(())
+    }
+
+    /// Sends whatever client `i` queued (after a scripted test called a client method).
+    pub fn flush_client(&mut self, i: usize) {
+        self.send_outbox(i);
+    }
+
+    /// Lets a scripted test drive client `i`, then sends what it queued.
+    pub fn with_client<T>(&mut self, i: usize, f: impl FnOnce(&mut SimClient) -> T) -> T {
+        let out = f(&mut self.clients[i]);
+        self.send_outbox(i);
+        out
+    }
+
+    /// Steps the wall clock by `ms` (negative: backwards), as an NTP step would.
+    pub fn jump_wall_clock(&mut self, ms: i64) {
+        self.clock.wall_offset_ms += ms;
+    }
+
+    /// Makes client `i` stop reading for `ms`.
+    pub fn clog(&mut self, i: usize, ms: u64) {
+        if let Some(conn) = self.clients[i].connection.as_ref().map(|c| c.conn) {
+            self.net.clog(conn, self.clock.mono_ms + ms);
+        }
+    }
+
+    /// The run's report.
+    pub fn report(&self) -> Report {
+        let store_faults =
+            self.store_faults_before + self.host.as_ref().map_or(0, |h| h.store().refused);
+        let sum = |f: fn(&SimClient) -> u64| self.clients.iter().map(f).sum::<u64>();
+        Report {
+            seed: self.options.seed,
+            digest: self.checker.digest(),
+            steps: self.steps,
+            sim_ms: self.clock.mono_ms,
+            outputs: self.checker.outputs,
+            server_seq: self.host.as_ref().map_or(0, Host::server_seq),
+            comparisons: self.checker.comparisons,
+            counters: self.counters.clone(),
+            reconnects: (
+                sum(|c| c.stats.replays),
+                sum(|c| c.stats.snapshots),
+                sum(|c| c.stats.reconnect_errors),
+            ),
+            echoes: (sum(|c| c.stats.rejections), sum(|c| c.stats.accepted)),
+            store_faults,
+            clock_regressions: self.checker.clock_regressions,
+        }
+    }
+}
+
+/// The start of a frame, for traces.
+fn clip(text: &str) -> String {
+    if text.len() <= 300 {
+        return text.to_owned();
+    }
+    format!(
+        "{}… ({} bytes)",
+        text.chars().take(300).collect::<String>(),
+        text.len()
+    )
+}
+
+/// Client `i`'s principal: mostly maintainers seeing everything, some observers, some scoped
+/// to part of the session pool.
+fn draw_principal(rng: &mut ChaCha8Rng, options: &Options, i: usize) -> Principal {
+    let mut p = Principal::maintainer(&format!("p{i}"));
+    if options.observer.hit(rng) {
+        p.role = axhost_core::Role::Observer;
+    }
+    if options.scoped.hit(rng) {
+        let ids = options.session_ids();
+        let mut scope: std::collections::BTreeSet<String> = ids
+            .iter()
+            .filter(|_| Ratio::new(1, 2).hit(rng))
+            .cloned()
+            .collect();
+        if scope.is_empty() {
+            scope.insert(ids[rng.random_range(0..ids.len())].clone());
+        }
+        p.sessions = SessionScope::Only(scope);
+    }
+    p
+}
