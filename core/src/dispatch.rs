@@ -25,7 +25,7 @@ use crate::error::{RpcError, STALE, TURN_IN_PROGRESS};
 use crate::host::{parse_params, Host};
 use crate::principal::Role;
 use crate::sequencer::Sequenced;
-use crate::session::{SessionEntry, Touched, Which, CHECKPOINT_EVERY_EVENTS};
+use crate::session::{SessionEntry, Touched, Which};
 use crate::store::{Change, ClientRecord, Event, Receipt, Store};
 use crate::time::iso8601;
 use crate::wire;
@@ -84,7 +84,12 @@ impl Tx {
             }
         };
         match outcome {
-            ReduceOutcome::Applied | ReduceOutcome::NoOp => self.mutated = true,
+            ReduceOutcome::Applied | ReduceOutcome::NoOp => {
+                self.mutated = true;
+                if let StateAction::ChatTurnStarted(a) = &action {
+                    self.entry.turn_ids.insert(a.turn_id.clone());
+                }
+            }
             // Both leave the state as it was.
             ReduceOutcome::Invalid(e) => {
                 return Err(RpcError::invalid_params(format!("Invalid AHP action: {e}")))
@@ -323,7 +328,7 @@ impl<S: Store> Host<S> {
                         "A turn is already running. Use steer or queue instead.",
                     ));
                 }
-                if chat.turns.iter().any(|t| t.id == a.turn_id) {
+                if tx.entry.turn_ids.contains(&a.turn_id) {
                     return Err(RpcError::conflict("Turn ID already exists"));
                 }
                 if a.message.origin.kind != MessageKind::User {
@@ -462,14 +467,12 @@ impl<S: Store> Host<S> {
             })
             .collect();
         let last_seq = base + events.len() as u64;
-        // Rewrite the session's states only every CHECKPOINT_EVERY_EVENTS events; the events
-        // in between are replayed at load.
+        // Rewrite the session's states only when enough event bytes have accumulated; the
+        // events in between are replayed at load.
         let entry = &mut tx.entry;
-        entry.uncheckpointed += events.len() as u32;
-        let records = if entry.uncheckpointed >= CHECKPOINT_EVERY_EVENTS {
-            entry.uncheckpointed = 0;
-            entry.meta.checkpoint_seq = last_seq;
-            entry.records(Touched::ALL)
+        entry.bytes_since_checkpoint += events.iter().map(|e| e.envelope.len()).sum::<usize>();
+        let records = if entry.checkpoint_due() {
+            entry.checkpoint(last_seq)
         } else {
             Vec::new()
         };

@@ -34,10 +34,12 @@ pub(crate) struct SessionMeta {
     pub(crate) checkpoint_seq: u64,
 }
 
-/// A session's channel states are rewritten in the store once this many of its events have
-/// accumulated since the last rewrite. In between, only the events are written, so an action
-/// costs O(action), not O(chat); a restart replays at most this many events per session.
-pub(crate) const CHECKPOINT_EVERY_EVENTS: u32 = 64;
+/// A session's states are rewritten in the store once the events written since the last
+/// rewrite add up to at least the rewrite's own size (and at least this many bytes). Between
+/// rewrites only events are written. Rewriting costs O(state) but happens once per O(state)
+/// bytes of events, so each action costs O(its own size) amortized however long the chat grows,
+/// and a restart replays no more event bytes than it reads state bytes.
+pub(crate) const CHECKPOINT_MIN_BYTES: usize = 64 * 1024;
 
 /// One session with its three channels' states.
 #[derive(Clone, Debug)]
@@ -47,8 +49,12 @@ pub(crate) struct SessionEntry {
     pub(crate) session: SessionState,
     pub(crate) chat: ChatState,
     pub(crate) changeset: ChangesetState,
-    /// Events committed since the stored states were last rewritten (memory only).
-    pub(crate) uncheckpointed: u32,
+    /// Bytes of events committed since the stored states were last rewritten (memory only).
+    pub(crate) bytes_since_checkpoint: usize,
+    /// Bytes the last rewrite wrote (memory only).
+    pub(crate) checkpoint_bytes: usize,
+    /// Every turn id this chat has used (memory only), so "turn id unused" is not a scan.
+    pub(crate) turn_ids: std::collections::BTreeSet<String>,
 }
 
 /// Which of a session's states a change touched, so only those are rewritten.
@@ -128,8 +134,27 @@ impl SessionEntry {
                 files: vec![],
                 operations: None,
             },
-            uncheckpointed: 0,
+            bytes_since_checkpoint: 0,
+            checkpoint_bytes: 0,
+            turn_ids: Default::default(),
         }
+    }
+
+    /// Whether the events since the last rewrite now justify rewriting the states.
+    pub(crate) fn checkpoint_due(&self) -> bool {
+        self.bytes_since_checkpoint >= self.checkpoint_bytes.max(CHECKPOINT_MIN_BYTES)
+    }
+
+    /// The records of a checkpoint through `seq`; resets the byte counters.
+    pub(crate) fn checkpoint(&mut self, seq: u64) -> Vec<RecordWrite> {
+        self.meta.checkpoint_seq = seq;
+        let records = self.records(Touched::ALL);
+        self.checkpoint_bytes = records
+            .iter()
+            .map(|r| r.value.as_ref().map_or(0, String::len))
+            .sum();
+        self.bytes_since_checkpoint = 0;
+        records
     }
 
     /// The state records this entry writes for the parts `touched`.
@@ -174,13 +199,28 @@ impl SessionEntry {
         id: &str,
         get: impl Fn(&str) -> Option<String>,
     ) -> Option<SessionEntry> {
+        let texts = [
+            get(&meta_key(id))?,
+            get(&session_uri(id))?,
+            get(&chat_uri(id))?,
+            get(&changeset_uri(id))?,
+        ];
+        let chat: ChatState = serde_json::from_str(&texts[2]).ok()?;
+        let turn_ids = chat
+            .turns
+            .iter()
+            .map(|t| t.id.clone())
+            .chain(chat.active_turn.iter().map(|t| t.id.clone()))
+            .collect();
         Some(SessionEntry {
             id: id.to_owned(),
-            meta: serde_json::from_str(&get(&meta_key(id))?).ok()?,
-            session: serde_json::from_str(&get(&session_uri(id))?).ok()?,
-            chat: serde_json::from_str(&get(&chat_uri(id))?).ok()?,
-            changeset: serde_json::from_str(&get(&changeset_uri(id))?).ok()?,
-            uncheckpointed: 0,
+            meta: serde_json::from_str(&texts[0]).ok()?,
+            session: serde_json::from_str(&texts[1]).ok()?,
+            chat,
+            changeset: serde_json::from_str(&texts[3]).ok()?,
+            bytes_since_checkpoint: 0,
+            checkpoint_bytes: texts.iter().map(String::len).sum(),
+            turn_ids,
         })
     }
 
@@ -203,7 +243,10 @@ impl SessionEntry {
             }
             _ => return None,
         };
-        self.uncheckpointed += 1;
+        self.bytes_since_checkpoint += envelope.len();
+        if let ahp_types::actions::StateAction::ChatTurnStarted(a) = &env.action {
+            self.turn_ids.insert(a.turn_id.clone());
+        }
         (outcome != ahp::reducers::ReduceOutcome::OutOfScope).then_some(())
     }
 
@@ -404,7 +447,7 @@ mod commands {
     use serde_json::value::RawValue;
     use serde_json::{json, Value};
 
-    use super::{SessionEntry, Touched, PROVIDER};
+    use super::{SessionEntry, PROVIDER};
     use crate::channel::{self, session_uri, ROOT};
     use crate::connection::ConnId;
     use crate::error::{RpcError, PROVIDER_NOT_FOUND, SESSION_ALREADY_EXISTS};
@@ -501,10 +544,10 @@ mod commands {
                 return Err(RpcError::conflict("An open session already owns this task"));
             }
             let mut entry = SessionEntry::create(&id, title, task, self.now.wall_unix_ms);
-            entry.meta.checkpoint_seq = self.seq.current();
+            let records = entry.checkpoint(self.seq.current());
             let change = Change {
                 server_seq: self.seq.mark_after(self.seq.current()),
-                records: entry.records(Touched::ALL),
+                records,
                 ..Change::default()
             };
             self.commit(&change)?;

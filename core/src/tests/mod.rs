@@ -741,7 +741,7 @@ fn same_seed_same_outputs() {
 }
 
 #[test]
-fn states_are_checkpointed_every_64_events_and_replayed_after() {
+fn states_are_checkpointed_as_event_bytes_accumulate_and_replayed_after() {
     let mut h = Harness::new();
     h.init(1, Principal::maintainer("m"), "c1", &[]);
     h.create(1, "s1");
@@ -749,7 +749,7 @@ fn states_are_checkpointed_every_64_events_and_replayed_after() {
     for round in 0..40u64 {
         let id = format!("t{round}");
         seq += 1;
-        h.dispatch(1, "ahp-chat:/s1", seq, turn(&id, "x"));
+        h.dispatch(1, "ahp-chat:/s1", seq, turn(&id, &"x".repeat(2000)));
         seq += 1;
         h.dispatch(
             1,
