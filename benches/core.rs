@@ -11,7 +11,9 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
-use axhost_core::{ConnId, Host, HostConfig, Input, Instant, MemStore, Now, Output, Principal};
+use axhost_core::{
+    ConnId, Frame, Host, HostConfig, Input, Instant, MemStore, Now, Output, Principal,
+};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use serde_json::{json, Value};
 
@@ -37,9 +39,9 @@ impl Bench {
         }
     }
 
-    /// Feeds one message and drains every output, acknowledging each frame as flushed.
-    /// Returns the last frame sent, parsed, when asked to.
-    fn send(&mut self, conn: u64, text: &[u8]) -> usize {
+    /// Feeds one message, drains every output (acknowledging each frame as flushed) and hands
+    /// each frame to `seen`. Returns how many frames went out.
+    fn feed(&mut self, conn: u64, text: &[u8], mut seen: impl FnMut(&Frame)) -> usize {
         let now = self.now();
         self.host.handle(
             now,
@@ -59,33 +61,22 @@ impl Bench {
                         bytes: frame.len() as u64,
                     },
                 );
+                seen(&frame);
             }
         }
         frames
     }
 
+    fn send(&mut self, conn: u64, text: &[u8]) -> usize {
+        self.feed(conn, text, |_| {})
+    }
+
+    /// The last frame the message caused, parsed.
     fn last_frame(&mut self, conn: u64, text: &[u8]) -> Value {
-        let now = self.now();
-        self.host.handle(
-            now,
-            Input::Message {
-                conn: ConnId(conn),
-                text,
-            },
-        );
         let mut last = Value::Null;
-        while let Some(out) = self.host.poll_output() {
-            if let Output::Send { conn, frame } = out {
-                self.host.handle(
-                    now,
-                    Input::Flushed {
-                        conn,
-                        bytes: frame.len() as u64,
-                    },
-                );
-                last = serde_json::from_slice(frame.as_bytes()).expect("json");
-            }
-        }
+        self.feed(conn, text, |f| {
+            last = serde_json::from_slice(f.as_bytes()).expect("json")
+        });
         last
     }
 
@@ -105,30 +96,13 @@ impl Bench {
 
     fn register(&mut self, conn: u64) -> String {
         let msg = json!({"jsonrpc":"2.0","id":2,"method":"client/registerService","params":{"channel":CATALOG,"metadata":{"protocol":"bench"}}});
-        let now = self.now();
-        self.host.handle(
-            now,
-            Input::Message {
-                conn: ConnId(conn),
-                text: msg.to_string().as_bytes(),
-            },
-        );
         let mut id = String::new();
-        while let Some(out) = self.host.poll_output() {
-            if let Output::Send { conn: c, frame } = out {
-                self.host.handle(
-                    now,
-                    Input::Flushed {
-                        conn: c,
-                        bytes: frame.len() as u64,
-                    },
-                );
-                let v: Value = serde_json::from_slice(frame.as_bytes()).expect("json");
-                if let Some(s) = v["result"]["serviceId"].as_str() {
-                    id = s.to_owned();
-                }
+        self.feed(conn, msg.to_string().as_bytes(), |f| {
+            let v: Value = serde_json::from_slice(f.as_bytes()).expect("json");
+            if let Some(s) = v["result"]["serviceId"].as_str() {
+                id = s.to_owned();
             }
-        }
+        });
         id
     }
 }

@@ -45,6 +45,9 @@ pub(crate) enum FrameClass {
     /// A state event or notification the connection did not ask for: refused when it would
     /// cross the limit.
     State,
+    /// Client-service traffic: dropped (never closing anything) above the soft limit or where
+    /// it would cross the hard one.
+    Droppable,
 }
 
 /// What happened to a frame handed to `enqueue`.
@@ -157,8 +160,9 @@ impl Connections {
             .unwrap_or_default()
     }
 
-    /// The way a frame that must not be lost leaves the host. Counts bytes and applies the
-    /// hard queue limit: a connection over it is closed, never silently starved of state.
+    /// The only way a frame leaves the host. Counts bytes and applies the queue limits by
+    /// class: replies and state are never dropped (a connection over the hard limit is closed
+    /// and recovers by `reconnect`); client-service traffic is dropped instead.
     pub(crate) fn enqueue(
         &mut self,
         outbox: &mut Outbox,
@@ -177,6 +181,12 @@ impl Connections {
         let over = match class {
             FrameClass::Reply => c.queued_bytes > limits.queue_bytes_hard,
             FrameClass::State => queued > limits.queue_bytes_hard,
+            FrameClass::Droppable => {
+                if c.queued_bytes > limits.queue_bytes_soft || queued > limits.queue_bytes_hard {
+                    return Enqueued::Dropped;
+                }
+                false
+            }
         };
         if over {
             self.close(
@@ -186,30 +196,6 @@ impl Connections {
                 "outbound queue limit exceeded; reconnect",
             );
             return Enqueued::Closing;
-        }
-        c.queued_bytes = queued;
-        outbox.push(Output::Send { conn, frame });
-        Enqueued::Queued
-    }
-
-    /// Queues a frame that may be dropped under load (client-service traffic): above the soft
-    /// limit, or where it would cross the hard limit, it is dropped and the connection stays.
-    pub(crate) fn enqueue_droppable(
-        &mut self,
-        outbox: &mut Outbox,
-        conn: ConnId,
-        frame: Frame,
-        limits: &Limits,
-    ) -> Enqueued {
-        if self.closing.contains(&conn) {
-            return Enqueued::Gone;
-        }
-        let Some(c) = self.table.get_mut(&conn) else {
-            return Enqueued::Gone;
-        };
-        let queued = c.queued_bytes + frame.len() as u64;
-        if c.queued_bytes > limits.queue_bytes_soft || queued > limits.queue_bytes_hard {
-            return Enqueued::Dropped;
         }
         c.queued_bytes = queued;
         outbox.push(Output::Send { conn, frame });

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::channel::CATALOG;
-use crate::connection::{ConnId, Enqueued, Phase};
+use crate::connection::{ConnId, Enqueued, FrameClass, Phase};
 use crate::error::{RpcError, INTERNAL_ERROR, INVALID_REQUEST};
 use crate::host::{parse_params, Host};
 use crate::services::forward_frame;
@@ -216,10 +216,13 @@ impl<S: Store> Host<S> {
             &p.method,
             p.params,
         );
-        match self
-            .conns
-            .enqueue_droppable(&mut self.outbox, owner, frame, &self.config.limits)
-        {
+        match self.conns.enqueue(
+            &mut self.outbox,
+            owner,
+            frame,
+            FrameClass::Droppable,
+            &self.config.limits,
+        ) {
             Enqueued::Queued => {
                 self.timers.arm(Timer::Relay(host_id), deadline);
                 self.stats.requests_relayed += 1;
@@ -369,9 +372,13 @@ impl<S: Store> Host<S> {
     fn forward_cancel(&mut self, owner: ConnId, host_id: u64) {
         let params = json!({ "channel": CATALOG, "id": host_id }).to_string();
         let frame = wire::notification_frame("$/cancelRequest", &params);
-        let _ = self
-            .conns
-            .enqueue_droppable(&mut self.outbox, owner, frame, &self.config.limits);
+        let _ = self.conns.enqueue(
+            &mut self.outbox,
+            owner,
+            frame,
+            FrameClass::Droppable,
+            &self.config.limits,
+        );
     }
 
     /// (A) Requests waiting for an outcome.

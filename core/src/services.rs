@@ -21,7 +21,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::channel::CATALOG;
-use crate::connection::{ConnId, Enqueued};
+use crate::connection::{ConnId, Enqueued, FrameClass};
 use crate::error::RpcError;
 use crate::host::{parse_params, Host};
 use crate::principal::Principal;
@@ -454,10 +454,13 @@ impl<S: Store> Host<S> {
             return;
         };
         let (owner, frame) = frame;
-        match self
-            .conns
-            .enqueue_droppable(&mut self.outbox, owner, frame, &self.config.limits)
-        {
+        match self.conns.enqueue(
+            &mut self.outbox,
+            owner,
+            frame,
+            FrameClass::Droppable,
+            &self.config.limits,
+        ) {
             Enqueued::Queued => self.stats.notifications_forwarded += 1,
             _ => self.stats.notifications_dropped += 1,
         }
