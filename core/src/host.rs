@@ -236,8 +236,17 @@ impl<S: Store> Host<S> {
     /// Releases what a connection that is closing or closed still holds: its relayed requests
     /// and its services. Runs as soon as the host decides to close it, so nothing routes to it.
     fn reap(&mut self) {
-        for conn in self.conns.take_newly_closing() {
-            self.forget(conn);
+        // Forgetting one connection can close others (a removal announced to an observer over
+        // its limit), so repeat until a pass closes nothing new. Each pass closes connections
+        // that were open before it, so this ends.
+        loop {
+            let closing = self.conns.take_newly_closing();
+            if closing.is_empty() {
+                break;
+            }
+            for conn in closing {
+                self.forget(conn);
+            }
         }
     }
 
