@@ -237,6 +237,13 @@ impl<S: Store> Host<S> {
         if metadata.get().len() > self.config.limits.service_metadata_bytes_max as usize {
             return Err(RpcError::limit("Service metadata is too large"));
         }
+        // Catalog frames wrap metadata five levels deep; JSON parsers (serde_json among them)
+        // stop at 128 levels, so deep metadata would make every observer's snapshot unreadable.
+        if json_depth(metadata.get()) > METADATA_DEPTH_MAX {
+            return Err(RpcError::invalid_params(
+                "metadata nests too deeply (at most 32 levels)",
+            ));
+        }
         Ok(())
     }
 
@@ -499,6 +506,35 @@ impl<S: Store> Host<S> {
             ),
         ))
     }
+}
+
+/// Deepest nesting accepted in service metadata.
+const METADATA_DEPTH_MAX: usize = 32;
+
+/// The deepest array/object nesting in valid JSON text (brackets inside strings do not count).
+fn json_depth(text: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
 }
 
 /// Builds `{"jsonrpc":"2.0",["id":ID,]"method":M,"params":{"channel":..,"serviceId":..,

@@ -17,17 +17,23 @@
 //! 6. within one host lifetime, `chat/turnStarted.startedAt` never goes back (the core keeps a
 //!    wall-clock high-water mark). Across restarts a regression is counted, not failed: the
 //!    core does not persist the mark (reported as a core finding).
+//! 7. client services, after every single call into the host (the world drains the host after
+//!    each one, so every output has exactly one cause): requests complete at most once, only to
+//!    their caller, with the documented code for the reason the cause carries; notifications are
+//!    forwarded at most once, only to the owner, in order, never answered; the pending table,
+//!    its deadlines and the registry equal the model. See [`crate::services`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use axhost_core::{ConnId, Host, Output};
+use axhost_core::{ConnId, Host, HostConfig, Input, Output, Principal};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use crate::client::SimClient;
 use crate::net::SimNet;
 use crate::replica::{difference, first_difference, CATALOG};
+use crate::services::ServiceModel;
 use crate::store::SimStore;
 
 /// A broken invariant, with where and when it broke.
@@ -129,17 +135,19 @@ pub struct Checker {
     started_high: (i64, i64),
     /// `startedAt` values older than one an earlier host handed out.
     pub clock_regressions: u64,
+    /// The reference model of client services.
+    pub services: ServiceModel,
 }
 
 impl Default for Checker {
     fn default() -> Self {
-        Checker::new()
+        Checker::new(&HostConfig::default())
     }
 }
 
 impl Checker {
-    /// A checker that has seen nothing.
-    pub fn new() -> Checker {
+    /// A checker that has seen nothing, for a host with `config`.
+    pub fn new(config: &HostConfig) -> Checker {
         Checker {
             hasher: Sha256::new(),
             outputs: 0,
@@ -152,6 +160,7 @@ impl Checker {
             comparisons: 0,
             started_high: (i64::MIN, i64::MIN),
             clock_regressions: 0,
+            services: ServiceModel::new(config),
         }
     }
 
@@ -160,10 +169,27 @@ impl Checker {
         Digest(self.hasher.clone().finalize().into())
     }
 
-    /// The driver fed `Input::Connected`.
-    pub fn connected(&mut self, conn: ConnId) {
+    /// The driver is about to feed `Input::Connected` for client `client_id` as `principal`.
+    pub fn connected(&mut self, conn: ConnId, client_id: &str, principal: &Principal) {
         let fresh = self.open.insert(conn);
         assert!(fresh, "simulator reused {conn:?}");
+        self.services.connected(conn, client_id, principal);
+    }
+
+    /// The driver is about to feed `input` at `now_ms`; its outputs follow, then [`Checker::fed`].
+    pub fn feeding(&mut self, input: &Input<'_>, now_ms: u64) {
+        self.services.feeding(input, now_ms);
+    }
+
+    /// The driver is about to fire the host's timers at `now_ms`.
+    pub fn timer(&mut self, now_ms: u64) {
+        self.services.timer(now_ms);
+    }
+
+    /// The host call announced by [`Checker::feeding`] or [`Checker::timer`] returned and its
+    /// outputs were drained: invariant 7.
+    pub fn fed(&mut self, host: &Host<SimStore>) -> Result<(), String> {
+        self.services.fed(host)
     }
 
     /// The driver fed `Input::Closed`.
@@ -178,6 +204,7 @@ impl Checker {
         self.closing.clear();
         self.started_high.0 = i64::MIN;
         self.hasher.update(b"R");
+        self.services.restarted();
     }
 
     /// Hashes one output and checks it may be sent at all.
@@ -213,6 +240,7 @@ impl Checker {
                 }
             }
         }
+        self.services.observe(out);
         Ok(())
     }
 

@@ -18,7 +18,9 @@ use axhost_core::{ConnId, Principal, Role};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 
+use crate::options::Owners;
 use crate::replica::Replica;
+use crate::roles::{Answer, Call, Handled, Heard, Rumor};
 
 /// The root channel.
 pub const ROOT: &str = "ahp-root://";
@@ -137,6 +139,16 @@ pub struct Connection {
     pub(crate) unsupported_version: bool,
     /// Client services this connection registered and has not unregistered.
     pub services: BTreeSet<String>,
+    /// `clientService/request`s sent and not answered, by id. An id may be outstanding more
+    /// than once: a deliberate duplicate is refused with -32600 while the first is pending.
+    pub(crate) calls: BTreeMap<String, Vec<Call>>,
+    /// As a service owner: the host request ids this connection was sent.
+    pub(crate) handled: BTreeMap<u64, Handled>,
+    /// As a notifier: the last sequence number sent to each service id.
+    pub(crate) notify_seq: BTreeMap<String, u64>,
+    /// As a service owner: the last sequence number heard per (sender clientId, sender
+    /// connection epoch, service id).
+    pub(crate) heard: BTreeMap<(String, u64, String), u64>,
 }
 
 impl Connection {
@@ -169,6 +181,10 @@ impl Connection {
             received: 0,
             unsupported_version: false,
             services: BTreeSet::new(),
+            calls: BTreeMap::new(),
+            handled: BTreeMap::new(),
+            notify_seq: BTreeMap::new(),
+            heard: BTreeMap::new(),
         }
     }
 
@@ -189,6 +205,12 @@ impl Connection {
     pub fn awaiting(&self) -> Option<String> {
         if let Some((id, p)) = self.pending.iter().next() {
             return Some(format!("response to {} id {id}", p.request.name()));
+        }
+        if let Some((id, calls)) = self.calls.iter().next() {
+            let service = calls.first().map_or("", |c| c.service.as_str());
+            return Some(format!(
+                "response to clientService/request id {id} ({service})"
+            ));
         }
         (self.null_errors_expected > 0).then(|| "an id:null error".to_owned())
     }
@@ -246,6 +268,26 @@ pub struct ClientStats {
     pub replayed: u64,
     /// The last rejection reason received.
     pub last_rejection: Option<String>,
+    /// `clientService/request`s sent.
+    pub calls: u64,
+    /// Calls answered with a result.
+    pub call_results: u64,
+    /// Calls answered with an error, by code.
+    pub call_errors: BTreeMap<i64, u64>,
+    /// `clientService/notify` sent.
+    pub notifies: u64,
+    /// `clientService/notification`s heard as an owner.
+    pub notifications_heard: u64,
+    /// `clientService/handleRequest`s received as an owner.
+    pub handled: u64,
+    /// Answers sent as an owner (duplicates and late ones included).
+    pub answers: u64,
+    /// Answers sent on a later connection than the one that was asked (foreign there).
+    pub strays: u64,
+    /// `$/cancelRequest`s heard as an owner.
+    pub cancels_heard: u64,
+    /// Forged responses sent for host ids this connection was never sent.
+    pub forged: u64,
 }
 
 /// One simulated client. See the module docs.
@@ -289,6 +331,20 @@ pub struct SimClient {
     pub outbox: Vec<Vec<u8>>,
     /// Counters.
     pub stats: ClientStats,
+    /// How this client answers as a service owner.
+    pub owners: Owners,
+    /// Manual owner (scripted tests): answers nothing on its own and logs what it hears.
+    pub manual: bool,
+    /// Answers to send later, drained by the world onto its agenda.
+    pub(crate) answers: Vec<Answer>,
+    /// What this client tells the others behind the host's back, drained by the world.
+    pub(crate) told: Vec<Rumor>,
+    /// Manual mode: `handleRequest`s heard, in order.
+    pub inbox: Vec<Heard>,
+    /// Manual mode: call outcomes heard, in order: `(id, result or error object)`.
+    pub outcomes: Vec<(String, Result<Value, Value>)>,
+    /// `payloadBytes` the host advertised at `initialize` (owners size big answers by it).
+    pub(crate) payload_limit: usize,
 }
 
 impl SimClient {
@@ -309,7 +365,9 @@ impl SimClient {
             replicas: BTreeMap::new(),
             cursor: 0,
             seq_high: 0,
-            next_request: 1,
+            // Above the ids calls use (1 to 5), so a call never shares an id with an
+            // ordinary request.
+            next_request: 100,
             next_version: 1,
             next_client_seq: 1,
             last_dispatch: None,
@@ -323,6 +381,13 @@ impl SimClient {
             calm: false,
             outbox: Vec::new(),
             stats: ClientStats::default(),
+            owners: Owners::PROMPT,
+            manual: false,
+            answers: Vec::new(),
+            told: Vec::new(),
+            inbox: Vec::new(),
+            outcomes: Vec::new(),
+            payload_limit: 4096,
         }
     }
 
@@ -482,6 +547,17 @@ impl SimClient {
     pub fn disconnected(&mut self) {
         self.connection = None;
         self.outbox.clear();
+    }
+
+    /// Frames received on the current connection.
+    pub fn frames_received(&self) -> u64 {
+        self.connection.as_ref().map_or(0, |c| c.received)
+    }
+
+    /// The epoch of the current connection: how many connections this client opened so far.
+    /// With the clientId it names the sender connection in notification payloads.
+    pub fn epoch(&self) -> u64 {
+        self.stats.connects
     }
 
     /// Starts the handshake: `reconnect` when there is state to resume (like the official

@@ -3,14 +3,20 @@
 //! One seed drives everything: a real [`axhost_core::Host`] over the core's own `MemStore`
 //! (behind a fault switch), a seeded network of ordered per-connection links, and up to six
 //! seeded clients that speak AHP 0.9.0 and mirror every channel they subscribe to with the
-//! official `ahp` reducers (and the client-services catalog with a strict reducer of its own:
-//! clients also register, update and unregister services). Time is simulated and jumps to the next event. After every step a
-//! [`Checker`] compares what clients hold with what the host holds and enforces the stream
-//! rules of the protocol; every output is hashed into a trace digest, so a seed replays exactly:
+//! official `ahp` reducers (and the client-services catalog with a strict reducer of its own).
+//! Clients also use client services: they register, update and unregister services, call them
+//! (ids `1..=5` on every connection, with and without `timeoutMs`, cancelling, leaving with
+//! calls pending), notify them with sequenced payloads, answer as owners (late, twice, never,
+//! on the wrong connection) and forge answers. Time is simulated and jumps to the next event.
+//! The world drains the host after every call into it, so every output has exactly one cause;
+//! the [`Checker`] checks each against a reference model of client services and, after every
+//! step, compares what clients hold with what the host holds and enforces the stream rules of
+//! the protocol; every output is hashed into a trace digest, so a seed replays exactly:
 //!
 //! ```text
 //! cargo run -p axhost-sim -- --seed 42          # one seed: options, then seed=42 hash=… steps=…
 //! cargo run -p axhost-sim -- --seeds 0..1000    # a range, with a summary
+//! cargo run -p axhost-sim -- --seeds 0..1000 --keep-going   # list every failing seed
 //! AXHOST_SIM_SEEDS=0..2000 cargo test -p axhost-sim --test seeds
 //! ```
 //!
@@ -21,9 +27,11 @@
 //!
 //! ## Shape (TigerBeetle's VOPR, FoundationDB's simulation)
 //! - [`Options::swarm`] draws the whole run from the seed: client count, latency, disconnect,
-//!   clog, restart and store-fault rates, and shrunken [`axhost_core::Limits`] (a replay budget
+//!   clog, restart and store-fault rates, shrunken [`axhost_core::Limits`] (a replay budget
 //!   of 0–16 so reconnects take the snapshot path, a small outbound queue so slow consumers are
-//!   closed). The options are printed first.
+//!   closed, short relay timeouts, small in-flight and payload limits), principals shared by
+//!   several clients, trust groups, and how service owners answer. The options are printed
+//!   first.
 //! - The *safety* phase runs `steps_max` steps with faults on; the *liveness* phase
 //!   ([`World::settle`]) heals everything and requires convergence within a budget; then every
 //!   client leaves ([`World::depart`]) and the host's tables must drain to nothing.
@@ -36,7 +44,9 @@
 //! - [`store`]: `MemStore` with buggify-style fault injection.
 //! - [`client`], [`script`], [`stream`], [`replica`]: the simulated clients, what they do,
 //!   what they check as frames arrive, and what they mirror.
-//! - [`checker`]: invariants and the digest.
+//! - [`roles`]: their client-services roles (caller, notifier, owner, forger).
+//! - [`checker`]: invariants and the digest; [`services`]: the reference model of client
+//!   services it checks every host call against.
 //! - [`world`]: the event loop, restarts and the two phases.
 
 #![forbid(unsafe_code)]
@@ -47,7 +57,9 @@ pub mod client;
 pub mod net;
 pub mod options;
 pub mod replica;
+pub mod roles;
 pub mod script;
+pub mod services;
 pub mod store;
 pub mod stream;
 pub mod world;

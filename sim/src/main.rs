@@ -6,9 +6,11 @@
 //! axhost-sim --runs M [--start S]     M seeds from S (default 0)
 //! ```
 //! Add `--twice` to run every seed twice and compare digests, `--trace` to print every step
-//! and frame to stderr. On a violation it prints the
-//! violation, the options and the replay command, and exits with status 1.
+//! and frame to stderr, `--keep-going` to run the whole range past violations and list them. A range ends with the client-services outcomes the checker saw, summed
+//! over its seeds. On a violation it prints the violation, the options and the replay command,
+//! and exits with status 1.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -19,11 +21,12 @@ struct Args {
     single: bool,
     twice: bool,
     trace: bool,
+    keep_going: bool,
 }
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: axhost-sim (--seed N | --seeds A..B | --runs M [--start S]) [--twice] [--trace]"
+        "usage: axhost-sim (--seed N | --seeds A..B | --runs M [--start S]) [--twice] [--trace] [--keep-going]"
     );
     ExitCode::from(2)
 }
@@ -31,6 +34,7 @@ fn usage() -> ExitCode {
 fn parse_args() -> Option<Args> {
     let mut args = std::env::args().skip(1);
     let (mut seeds, mut single, mut twice, mut trace) = (None, false, false, false);
+    let mut keep_going = false;
     let (mut runs, mut start): (Option<u64>, u64) = (None, 0);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -43,6 +47,7 @@ fn parse_args() -> Option<Args> {
             "--start" => start = args.next()?.parse().ok()?,
             "--twice" => twice = true,
             "--trace" => trace = true,
+            "--keep-going" => keep_going = true,
             _ => return None,
         }
     }
@@ -54,6 +59,7 @@ fn parse_args() -> Option<Args> {
         single,
         twice,
         trace,
+        keep_going,
     })
 }
 
@@ -86,6 +92,9 @@ fn print_line(r: &Report) {
         r.counters.frame_bytes_max,
         r.counters.handshake_slow_closes,
     );
+    if !r.services.is_empty() {
+        println!("  services: {:?}", r.services);
+    }
 }
 
 fn main() -> ExitCode {
@@ -94,6 +103,8 @@ fn main() -> ExitCode {
     };
     let started = Instant::now();
     let (mut ok, mut steps) = (0u64, 0u64);
+    let mut services: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut failed: Vec<String> = Vec::new();
     for seed in args.seeds.clone() {
         if args.single {
             println!("seed={seed} options={:#?}", options_of(seed));
@@ -118,9 +129,16 @@ fn main() -> ExitCode {
             (Ok(r), None | Some(Ok(_))) => {
                 steps += r.steps;
                 ok += 1;
+                for (k, v) in &r.services {
+                    *services.entry(k).or_default() += v;
+                }
                 if args.single || args.seeds.end - args.seeds.start <= 50 {
                     print_line(&r);
                 }
+            }
+            (Err(v), _) | (_, Some(Err(v))) if args.keep_going => {
+                println!("VIOLATION {v}");
+                failed.push(v.to_string());
             }
             (Err(v), _) | (_, Some(Err(v))) => {
                 println!("VIOLATION {v}");
@@ -137,6 +155,16 @@ fn main() -> ExitCode {
             args.seeds.end,
             started.elapsed().as_secs_f64()
         );
+        for (k, v) in &services {
+            println!("  {v:>9}  {k}");
+        }
+    }
+    if !failed.is_empty() {
+        println!("{} seeds failed:", failed.len());
+        for f in &failed {
+            println!("  {f}");
+        }
+        return ExitCode::from(1);
     }
     ExitCode::SUCCESS
 }

@@ -2,7 +2,8 @@
 //!
 //! Like TigerBeetle's `options_swarm`, the seed picks the fault mix *and* the limits: one run has
 //! six clients on a fast network, the next one client behind a clogged link with a replay budget
-//! of zero. Runs differ in kind, not only in order, so rare paths (snapshot reconnect, slow
+//! of zero, the next three clients of one principal calling services with 200 ms timeouts that
+//! answer slowly, twice or never. Runs differ in kind, not only in order, so rare paths (snapshot reconnect, slow
 //! consumer close, commit failure) run often. Probabilities are integer [`Ratio`]s so a seed means
 //! the same thing on every platform.
 
@@ -88,6 +89,14 @@ pub struct ActionMix {
     pub garbage: u32,
     /// Client services: register, update, unregister, watch the catalog.
     pub services: u32,
+    /// `clientService/request` to a visible, own, stale, invisible or made-up service id.
+    pub call: u32,
+    /// `clientService/notify`, sequenced, to the same kinds of targets, sometimes malformed.
+    pub notify: u32,
+    /// `$/cancelRequest` for an own outstanding call (or for nothing).
+    pub cancel: u32,
+    /// A forged response: a host request id heard from another client, or a made-up one.
+    pub forge: u32,
 }
 
 impl ActionMix {
@@ -101,7 +110,48 @@ impl ActionMix {
             + self.ping
             + self.garbage
             + self.services
+            + self.call
+            + self.notify
+            + self.cancel
+            + self.forge
     }
+}
+
+/// How simulated service owners answer `clientService/handleRequest` (manual owners in scripted
+/// tests answer only when told to).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Owners {
+    /// Per request: never answered, so the caller times out (or leaves first).
+    pub never: Ratio,
+    /// Per request: answered twice; the host must drop the second answer.
+    pub twice: Ratio,
+    /// Per answer: a JSON-RPC error (sometimes malformed, oversized or long) instead of a result.
+    pub error: Ratio,
+    /// Longest delay of an ordinary answer.
+    pub delay_ms_max: u64,
+    /// Per request: answered slowly, up to `slow_ms_max`, often after its deadline (late).
+    pub slow: Ratio,
+    /// Longest delay of a slow answer.
+    pub slow_ms_max: u64,
+    /// Per answer to a request the host has since cancelled: sent anyway (late).
+    pub answer_cancelled: Ratio,
+    /// Per answer due after its connection closed: sent on the owner's next connection of the
+    /// same host process anyway (foreign there: that connection was never sent the request).
+    pub stray: Ratio,
+}
+
+impl Owners {
+    /// Owners that answer everything once, at once (scripted tests).
+    pub const PROMPT: Owners = Owners {
+        never: Ratio::NEVER,
+        twice: Ratio::NEVER,
+        error: Ratio::NEVER,
+        delay_ms_max: 0,
+        slow: Ratio::NEVER,
+        slow_ms_max: 0,
+        answer_cancelled: Ratio::NEVER,
+        stray: Ratio::NEVER,
+    };
 }
 
 /// Everything a run depends on besides the seed's sub-generators.
@@ -149,6 +199,11 @@ pub struct Options {
     pub mix: ActionMix,
     /// Host trust groups (principal ids) for client-service visibility.
     pub trust_groups: Vec<Vec<String>>,
+    /// Distinct principal ids: client `i` authenticates as `p{i % principals}`, so some runs
+    /// have several connections of one principal (which always see each other's services).
+    pub principals: u32,
+    /// How service owners answer.
+    pub owners: Owners,
     /// Per client: the principal is an observer.
     pub observer: Ratio,
     /// Per client: the principal sees only some sessions.
@@ -194,6 +249,28 @@ impl Options {
         if Ratio::new(1, 4).hit(rng) {
             limits.pending_messages_max = rng.random_range(1..=4);
         }
+        // Client services: short timeouts so they fire in simulated seconds (the default of 30 s
+        // fires too, in the other half), small in-flight limits, small payload and error data.
+        if Ratio::new(1, 2).hit(rng) {
+            limits.relay_timeout_ms = rng.random_range(100..=5000);
+            limits.relay_timeout_ms_max =
+                rng.random_range(limits.relay_timeout_ms..=limits.relay_timeout_ms * 3);
+        }
+        if Ratio::new(1, 4).hit(rng) {
+            limits.relays_per_conn_max = rng.random_range(1..=4);
+        }
+        if Ratio::new(1, 4).hit(rng) {
+            limits.relays_per_service_max = rng.random_range(1..=6);
+        }
+        if Ratio::new(1, 5).hit(rng) {
+            limits.service_payload_bytes_max = rng.random_range(256..=4096);
+        }
+        if Ratio::new(1, 5).hit(rng) {
+            limits.service_error_data_bytes_max = rng.random_range(8..=512);
+        }
+        if Ratio::new(1, 6).hit(rng) {
+            limits.services_per_conn_max = rng.random_range(1..=3);
+        }
         let wall_drift = match rng.random_range(0..3) {
             0 => WallDrift::None,
             1 => WallDrift::Linear {
@@ -212,11 +289,26 @@ impl Options {
             ping: rng.random_range(0..=2),
             garbage: rng.random_range(0..=3),
             services: rng.random_range(0..=6),
+            call: rng.random_range(0..=12),
+            notify: rng.random_range(0..=12),
+            cancel: rng.random_range(0..=3),
+            forge: rng.random_range(0..=2),
         };
-        // Principals in one trust group see (and may call) each other's services.
+        let mut mix = mix;
+        if mix.call + mix.notify > 0 {
+            // Someone must register services for calls and notifications to reach any.
+            mix.services = mix.services.max(1 + (mix.call + mix.notify) / 6);
+        }
+        let principals = if Ratio::new(1, 4).hit(rng) {
+            rng.random_range(1..=clients)
+        } else {
+            clients
+        };
+        // Principals in one trust group see (and may call) each other's services; a group may
+        // name principals no client uses.
         let mut trust_groups = Vec::new();
-        if Ratio::new(1, 2).hit(rng) {
-            let group: Vec<String> = (0..clients)
+        for _ in 0..rng.random_range(0..=2) {
+            let group: Vec<String> = (0..=principals)
                 .filter(|_| Ratio::new(2, 3).hit(rng))
                 .map(|i| format!("p{i}"))
                 .collect();
@@ -224,6 +316,16 @@ impl Options {
                 trust_groups.push(group);
             }
         }
+        let owners = Owners {
+            never: Ratio::new(rng.random_range(0..=2), 20),
+            twice: Ratio::new(rng.random_range(0..=2), 20),
+            error: Ratio::new(rng.random_range(0..=6), 20),
+            delay_ms_max: [0, 20, 200, 1000][rng.random_range(0..4)],
+            slow: Ratio::new(rng.random_range(0..=3), 20),
+            slow_ms_max: rng.random_range(1000..=10_000),
+            answer_cancelled: Ratio::new(rng.random_range(0..=2), 2),
+            stray: Ratio::new(rng.random_range(0..=1), 2),
+        };
         Options {
             seed,
             clients,
@@ -250,6 +352,8 @@ impl Options {
             limits,
             mix,
             trust_groups,
+            principals,
+            owners,
             observer: Ratio::new(rng.random_range(0..=1), 4),
             scoped: Ratio::new(rng.random_range(0..=1), 4),
             session_pool: rng.random_range(1..=5),
@@ -289,8 +393,14 @@ impl Options {
                 ping: 1,
                 garbage: 1,
                 services: 1,
+                call: 1,
+                notify: 1,
+                cancel: 1,
+                forge: 1,
             },
             trust_groups: Vec::new(),
+            principals: clients,
+            owners: Owners::PROMPT,
             observer: Ratio::NEVER,
             scoped: Ratio::NEVER,
             session_pool: 3,
@@ -328,6 +438,8 @@ mod tests {
             assert!(o.latency_ms_min <= o.latency_ms_max);
             assert!(o.limits.handshake_timeout_ms > 2 * o.latency_ms_max);
             assert!(o.mix.total() > 0);
+            assert!((1..=o.clients).contains(&o.principals));
+            assert!(o.mix.call + o.mix.notify == 0 || o.mix.services > 0);
         }
     }
 

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use crate::client::{Request, SimClient, ROOT};
 use crate::options::Options;
 use crate::replica::CATALOG;
+use crate::roles::Gossip;
 
 /// What a turn asks of the world (things only the world can do: sockets and the network).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -92,8 +93,9 @@ impl SimClient {
         }
     }
 
-    /// One turn. Returns what the world must do; frames go to `outbox`.
-    pub fn turn(&mut self, options: &Options) -> Intent {
+    /// One turn. Returns what the world must do; frames go to `outbox`. `gossip` is what the
+    /// other clients told this one (for client-services targets).
+    pub fn turn(&mut self, options: &Options, gossip: &Gossip) -> Intent {
         let Some(c) = &self.connection else {
             return Intent::Connect;
         };
@@ -102,6 +104,12 @@ impl SimClient {
             // timer is what should end this. A ping is always allowed.
             if !c.handshake_pending && self.rng_ratio(1, 4) {
                 self.request("ping", json!({ "channel": ROOT }), Request::Ping);
+            } else if self.rng_ratio(1, 8) {
+                // Client services before the handshake: refused with -32009, or dropped.
+                if self.rng_ratio(1, 2) {
+                    return self.call_something(options, gossip);
+                }
+                self.notify_something(options, gossip);
             }
             return Intent::Nothing;
         }
@@ -124,6 +132,10 @@ impl SimClient {
             mix.ping,
             mix.garbage,
             mix.services,
+            mix.call,
+            mix.notify,
+            mix.cancel,
+            mix.forge,
         ];
         let mut choice = 0;
         for (i, w) in weights.iter().enumerate() {
@@ -139,9 +151,13 @@ impl SimClient {
             2 => self.create_session(),
             3 => self.list_sessions(),
             4 => self.dispatch_something(options),
-            7 => self.service_something(options),
             5 => self.request("ping", json!({ "channel": ROOT }), Request::Ping),
-            _ => self.garbage(options),
+            6 => self.garbage(options),
+            7 => self.service_something(options),
+            8 => return self.call_something(options, gossip),
+            9 => self.notify_something(options, gossip),
+            10 => self.cancel_something(),
+            _ => self.forge_something(gossip),
         }
         Intent::Nothing
     }
@@ -497,6 +513,17 @@ impl SimClient {
             .map(|i| format!("p{i}"))
             .collect();
         Some(json!(ids))
+    }
+
+    /// `client/updateService` with explicit params, for a service this connection owns
+    /// (scripted tests).
+    pub fn update_service_with(&mut self, params: Value) {
+        let own = Some(true);
+        self.request(
+            "client/updateService",
+            params,
+            Request::UpdateService { own },
+        );
     }
 
     /// `client/registerService` with explicit params (scripted tests).

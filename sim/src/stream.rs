@@ -10,6 +10,8 @@
 //!   applied again unless other content was sent under that `clientSeq` in between (the host
 //!   treats that as a restarted counter and replaces its receipt).
 //! - A principal scoped to some sessions never hears about any other session.
+//! - Client-services traffic (call answers, `handleRequest`, notifications and cancellations to
+//!   an owner) is checked by the roles in [`crate::roles`].
 //! - Handshake answers are checked against what was asked: the negotiated version, a snapshot
 //!   for every initial subscription, `missing` only for channels the client cannot have,
 //!   `serverSeq` never below one already seen, `lastClientSeq` consistent with the client's
@@ -25,6 +27,7 @@ use serde_json::Value;
 
 use crate::client::{action_identity, session_of, unix_ms, Accepted, Request, SimClient, ROOT};
 use crate::replica::Replica;
+use crate::roles::Rumor;
 
 /// The AXP `_meta` key of `InitializeResult`.
 const AXP_META: &str = "org.axp.exchange";
@@ -57,6 +60,10 @@ impl SimClient {
                 self.on_notification(method, params)
             }
             (None, Some(id)) => self.on_response(id, &msg),
+            (Some("clientService/handleRequest"), Some(id)) => {
+                let params = msg.get("params").cloned().unwrap_or(Value::Null);
+                self.on_handle_request(id, &params)
+            }
             _ => Err(format!(
                 "host sent neither a response nor a notification: {}",
                 lossy(bytes)
@@ -91,9 +98,19 @@ impl SimClient {
         }
         let key = id.to_string();
         let Some(pending) = c.pending.remove(&key) else {
-            return Err(format!(
-                "response to id {key}, which is unknown or already answered"
-            ));
+            // A call: answered once per time it was sent (a duplicate id is refused on its own).
+            let Some(calls) = c.calls.get_mut(&key) else {
+                return Err(format!(
+                    "response to id {key}, which is unknown or already answered"
+                ));
+            };
+            let call = calls.remove(0);
+            if calls.is_empty() {
+                c.calls.remove(&key);
+            }
+            // The host has processed the first call under this id, at least.
+            c.leaving.retain(|_, index| *index > call.index);
+            return self.on_call_outcome(&key, outcome);
         };
         // The host has processed every message up to this one.
         c.leaving.retain(|_, index| *index > pending.index);
@@ -167,6 +184,12 @@ impl SimClient {
             ));
         }
         self.check_last_client_seq(&result)?;
+        if let Some(bytes) = result
+            .pointer("/_meta/x-client-services/limits/payloadBytes")
+            .and_then(Value::as_u64)
+        {
+            self.payload_limit = bytes as usize;
+        }
         let snapshots = result
             .get("snapshots")
             .and_then(Value::as_array)
@@ -440,6 +463,7 @@ impl SimClient {
                 return Err(format!("registerService handed out {id} twice"));
             }
         }
+        self.told.push(Rumor::ServiceId(id.to_owned()));
         Ok(())
     }
 
@@ -550,6 +574,8 @@ impl SimClient {
                 self.learn(&uri);
                 Ok(())
             }
+            "clientService/notification" => self.on_service_notification(&params),
+            "$/cancelRequest" => self.on_cancel_request(&params),
             other => Err(format!("unexpected notification {other}")),
         }
     }

@@ -2,8 +2,9 @@
 //!
 //! Time jumps to the next event. An event is a network delivery (either direction), the host's
 //! own deadline, or something on the agenda (a client's turn, a connect, a late `Flushed`
-//! report, a host restart, a wall-clock jump). After every step the world drains the host's
-//! outputs into the network and the checker looks at everything.
+//! report, a service owner's delayed answer, a host restart, a wall-clock jump). After every
+//! call into the host the world drains its outputs into the network and the checker checks
+//! them against their one cause; after every step it looks at everything.
 //!
 //! Two phases, as in TigerBeetle's VOPR: the *safety* phase runs a bounded number of steps
 //! with every fault on; the *liveness* phase ([`World::settle`]) heals the network, disarms the
@@ -24,6 +25,7 @@ use crate::checker::{Checker, Digest, Durable, Violation};
 use crate::client::SimClient;
 use crate::net::{Direction, SimNet, ToClient, ToHost};
 use crate::options::{Options, Ratio, WallDrift};
+use crate::roles::Gossip;
 use crate::script::Intent;
 use crate::store::SimStore;
 
@@ -73,6 +75,15 @@ enum Event {
     Restart,
     /// The wall clock jumps.
     WallJump,
+    /// A service owner's answer to `host_id`, which it was sent on `conn`, falls due.
+    Answer {
+        client: usize,
+        conn: ConnId,
+        host_id: u64,
+        /// Host restarts before it was scheduled: host ids mean nothing to a later host.
+        generation: u64,
+        frame: String,
+    },
 }
 
 /// What runs next.
@@ -129,6 +140,8 @@ pub struct Report {
     pub store_faults: u64,
     /// Turn start times older than one an earlier host process handed out.
     pub clock_regressions: u64,
+    /// Client-services outcomes the checker saw, by kind.
+    pub services: BTreeMap<&'static str, u64>,
 }
 
 /// The simulated world. See the module docs.
@@ -158,6 +171,8 @@ pub struct World {
     pub trace: bool,
     /// Every client has left for good ([`World::depart`]).
     departed: bool,
+    /// What clients told each other.
+    gossip: Gossip,
 }
 
 impl World {
@@ -200,9 +215,11 @@ impl World {
                     pool.clone(),
                 );
                 c.calm = !options.autonomous;
+                c.owners = options.owners;
                 c
             })
             .collect();
+        let checker = Checker::new(&config);
         let mut world = World {
             net: SimNet::new(net_rng, options.latency_ms_min, options.latency_ms_max),
             clock: SimClock {
@@ -215,7 +232,7 @@ impl World {
             config,
             host,
             clients,
-            checker: Checker::new(),
+            checker,
             agenda: BTreeMap::new(),
             agenda_next: 0,
             conn_next: 1,
@@ -226,6 +243,7 @@ impl World {
             counters: Counters::default(),
             trace: false,
             departed: false,
+            gossip: Gossip::default(),
         };
         world.seed_agenda();
         world
@@ -291,12 +309,32 @@ impl World {
         }
     }
 
-    /// Feeds one input to the host at the current time.
+    /// Feeds one input to the host at the current time, drains what it decided and checks
+    /// it against its cause.
     fn feed(&mut self, input: Input<'_>) -> Result<(), Violation> {
         let now = self.clock.now();
         self.epoch += 1;
+        self.checker.feeding(&input, self.clock.mono_ms);
         self.host_mut()?.handle(now, input);
-        Ok(())
+        self.fed()
+    }
+
+    /// Fires the host's timers at the current time, likewise.
+    fn tick(&mut self) -> Result<(), Violation> {
+        let now = self.clock.now();
+        self.epoch += 1;
+        self.checker.timer(self.clock.mono_ms);
+        self.host_mut()?.handle_timeout(now);
+        self.fed()
+    }
+
+    fn fed(&mut self) -> Result<(), Violation> {
+        self.drain()?;
+        let Some(host) = self.host.as_ref() else {
+            return Ok(());
+        };
+        let result = self.checker.fed(host);
+        result.map_err(|m| self.violation(m))
     }
 
     // ─── Stepping ───────────────────────────────────────────────────────────────────────────
@@ -336,11 +374,7 @@ impl World {
             eprintln!("[{:>6} t={:>7}] {what}", self.steps, self.clock.mono_ms);
         }
         match due {
-            Due::HostTimer => {
-                let now = self.clock.now();
-                self.epoch += 1;
-                self.host_mut()?.handle_timeout(now);
-            }
+            Due::HostTimer => self.tick()?,
             Due::Net(conn, Direction::ToHost) => self.deliver_to_host(conn)?,
             Due::Net(conn, Direction::ToClient) => self.deliver_to_client(conn)?,
             Due::Agenda(at, n) => {
@@ -431,6 +465,7 @@ impl World {
                 }
                 let result = self.clients[client].on_frame(conn, frame.as_bytes());
                 result.map_err(|m| self.violation(format!("client {client} {conn:?}: {m}")))?;
+                self.collect(client);
                 self.send_outbox(client);
                 Ok(())
             }
@@ -480,6 +515,25 @@ impl World {
         }
     }
 
+    /// Puts client `i`'s owner answers on the agenda and spreads what it told the others.
+    fn collect(&mut self, i: usize) {
+        let now_ms = self.clock.mono_ms;
+        let generation = self.counters.restarts;
+        for a in std::mem::take(&mut self.clients[i].answers) {
+            let event = Event::Answer {
+                client: i,
+                conn: a.conn,
+                host_id: a.host_id,
+                generation,
+                frame: a.frame,
+            };
+            self.schedule(now_ms + a.delay_ms, event);
+        }
+        for rumor in std::mem::take(&mut self.clients[i].told) {
+            self.gossip.hear(rumor);
+        }
+    }
+
     fn schedule_reconnect(&mut self, client: usize) {
         if self.departed {
             return;
@@ -501,7 +555,7 @@ impl World {
                 if self.liveness {
                     return Ok(());
                 }
-                let intent = self.clients[i].turn(&self.options);
+                let intent = self.clients[i].turn(&self.options, &self.gossip);
                 self.act(i, intent)?;
                 let at = self.clock.mono_ms
                     + self.rng.random_range(1..=self.options.think_ms_max.max(1));
@@ -524,6 +578,20 @@ impl World {
                 if let Some(interval) = self.options.restart_interval_ms {
                     let at = self.clock.mono_ms + self.rng.random_range(1..=2 * interval);
                     self.schedule(at, Event::Restart);
+                }
+                Ok(())
+            }
+            Event::Answer {
+                client,
+                conn,
+                host_id,
+                generation,
+                frame,
+            } => {
+                let same_host = generation == self.counters.restarts;
+                if self.clients[client].answer_due(conn, host_id, same_host) {
+                    self.clients[client].send_raw(frame.into_bytes(), false);
+                    self.send_outbox(client);
                 }
                 Ok(())
             }
@@ -584,8 +652,9 @@ impl World {
         let conn = ConnId(self.conn_next);
         self.conn_next += 1;
         self.net.open(conn, i);
-        self.checker.connected(conn);
         let principal = self.clients[i].principal.clone();
+        self.checker
+            .connected(conn, &self.clients[i].client_id, &principal);
         self.feed(Input::Connected { conn, principal })?;
         self.clients[i].connected(conn, silent);
         self.send_outbox(i);
@@ -625,6 +694,8 @@ impl World {
         }
         self.checker.restarted();
         self.counters.restarts += 1;
+        // The next host numbers its requests from 1 again.
+        self.gossip.host_ids.clear();
         let host_seed: u64 = self.rng.random();
         let mut store = store;
         store.refused = 0;
@@ -714,6 +785,13 @@ impl World {
                 "liveness: the host holds {held} services, connected clients registered {owned}"
             )));
         }
+        // Every call was answered, so nothing is pending host-side.
+        let pending = self.host.as_ref().map_or(0, Host::pending_requests);
+        if pending != 0 {
+            return Err(self.violation(format!(
+                "liveness: every call was answered, the host still has {pending} pending"
+            )));
+        }
         Ok(())
     }
 
@@ -739,16 +817,21 @@ impl World {
             return Ok(());
         };
         let (conns, services) = (host.connection_count(), host.service_count());
-        if conns != 0 || services != 0 {
+        let pending = host.pending_requests();
+        if conns != 0 || services != 0 || pending != 0 || self.checker.services.pending() != 0 {
             return Err(self.violation(format!(
-                "departure: every client left, the host still holds {conns} connections and {services} services"
+                "departure: every client left, the host still holds {conns} connections, {services} services and {pending} pending requests (model: {})",
+                self.checker.services.pending()
             )));
         }
         Ok(())
     }
 
     fn converge(&mut self) -> Result<(), Violation> {
-        let deadline_ms = self.clock.mono_ms + SETTLE_BUDGET_MS;
+        // A relayed request may rightly stay pending until its deadline (the checker requires
+        // that it ends exactly then), which may be as far as the longest timeout allowed.
+        let deadline_ms =
+            self.clock.mono_ms + SETTLE_BUDGET_MS + self.options.limits.relay_timeout_ms_max;
         let steps_max = self.steps + SETTLE_STEPS_MAX;
         while let Some(reason) = self.pending() {
             if self.clock.mono_ms > deadline_ms || self.steps > steps_max {
@@ -877,6 +960,7 @@ impl World {
             echoes: (sum(|c| c.stats.rejections), sum(|c| c.stats.accepted)),
             store_faults,
             clock_regressions: self.checker.clock_regressions,
+            services: self.checker.services.tally.clone(),
         }
     }
 }
@@ -896,7 +980,7 @@ fn clip(text: &str) -> String {
 /// Client `i`'s principal: mostly maintainers seeing everything, some observers, some scoped
 /// to part of the session pool.
 fn draw_principal(rng: &mut ChaCha8Rng, options: &Options, i: usize) -> Principal {
-    let mut p = Principal::maintainer(&format!("p{i}"));
+    let mut p = Principal::maintainer(&format!("p{}", i as u32 % options.principals.max(1)));
     if options.observer.hit(rng) {
         p.role = axhost_core::Role::Observer;
     }

@@ -459,3 +459,294 @@ fn start_times_never_go_back_across_a_restart() {
         "a turn started before one started earlier"
     );
 }
+
+// ─── Client services ────────────────────────────────────────────────────────────────────────
+
+const SERVICES: &str = "x-client-services://";
+
+fn advance(w: &mut World, ms: u64) {
+    let r = w.advance(ms);
+    ok(w, r);
+}
+
+/// Client `i` registers a service; returns its id.
+fn register(w: &mut World, i: usize, metadata: Value) -> String {
+    let before = w.clients[i].owned_services();
+    w.with_client(i, |c| {
+        c.register_service_with(json!({ "channel": SERVICES, "metadata": metadata }))
+    });
+    quiet(w);
+    w.clients[i]
+        .owned_services()
+        .into_iter()
+        .find(|s| !before.contains(s))
+        .unwrap_or_else(|| panic!("client {i} registered nothing"))
+}
+
+/// How often the checker saw `what` (see `axhost_sim::services`).
+fn tally(w: &World, what: &str) -> u64 {
+    w.report().services.get(what).copied().unwrap_or(0)
+}
+
+fn pending(w: &World) -> usize {
+    w.host().map_or(usize::MAX, |h| h.pending_requests())
+}
+
+/// The error codes of client `i`'s call outcomes, in order (`None` for a result).
+fn codes(w: &World, i: usize) -> Vec<Option<i64>> {
+    w.clients[i]
+        .outcomes
+        .iter()
+        .map(|(_, r)| r.as_ref().err().and_then(|e| e["code"].as_i64()))
+        .collect()
+}
+
+/// A world of manual owners and callers whose principals all share one id (so every service
+/// is visible to every client).
+fn services_world(clients: u32, tweak: impl FnOnce(&mut Options)) -> World {
+    let mut w = world(clients, |o| {
+        o.principals = 1;
+        tweak(o);
+    });
+    for c in &mut w.clients {
+        c.manual = true;
+    }
+    for i in 0..clients as usize {
+        connect(&mut w, i);
+    }
+    w
+}
+
+/// A request times out at its deadline: the caller gets -32050, the owner `$/cancelRequest`,
+/// and the owner's late answer completes nothing.
+#[test]
+fn a_request_times_out_and_the_late_answer_is_dropped() {
+    let mut w = services_world(2, |_| {});
+    let svc = register(&mut w, 0, json!({ "protocol": "demo" }));
+    w.with_client(1, |c| {
+        c.call(json!(1), &svc, "slow", json!({ "n": 1 }), Some(100))
+    });
+    advance(&mut w, 50);
+    let heard = w.clients[0].inbox.clone();
+    assert_eq!(heard.len(), 1);
+    let h = heard[0].host_id;
+    assert_eq!(
+        (heard[0].sender.as_str(), &heard[0].params),
+        ("client-1", &json!({ "n": 1 }))
+    );
+    assert_eq!(pending(&w), 1);
+    advance(&mut w, 100);
+    assert_eq!(codes(&w, 1), vec![Some(-32050)]);
+    assert!(
+        w.clients[0].was_cancelled(h),
+        "the owner heard $/cancelRequest"
+    );
+    assert_eq!(pending(&w), 0);
+    w.with_client(0, |c| c.respond(h, json!({ "result": "too late" })));
+    advance(&mut w, 20);
+    assert_eq!(
+        w.clients[1].outcomes.len(),
+        1,
+        "the late answer completed nothing"
+    );
+    assert_eq!(tally(&w, "answers dropped: late, after the timeout"), 1);
+    assert_eq!(w.host().map(|h| h.stats().responses_dropped), Some(1));
+    settle(&mut w);
+}
+
+/// `$/cancelRequest` from the caller completes it with -32800 and reaches the owner under the
+/// host's id; an answer after that, and a second cancel, change nothing.
+#[test]
+fn a_cancel_is_forwarded_to_the_owner() {
+    let mut w = services_world(2, |_| {});
+    let svc = register(&mut w, 0, json!({ "protocol": "demo" }));
+    w.with_client(1, |c| c.call(json!(2), &svc, "slow", json!(null), None));
+    advance(&mut w, 50);
+    let h = w.clients[0].inbox[0].host_id;
+    w.with_client(1, |c| c.cancel(json!(2)));
+    advance(&mut w, 50);
+    assert_eq!(codes(&w, 1), vec![Some(-32800)]);
+    assert!(
+        w.clients[0].was_cancelled(h),
+        "the owner heard $/cancelRequest"
+    );
+    assert_eq!(pending(&w), 0);
+    w.with_client(0, |c| c.respond(h, json!({ "result": 1 })));
+    w.with_client(1, |c| c.cancel(json!(2)));
+    advance(&mut w, 50);
+    assert_eq!(w.clients[1].outcomes.len(), 1);
+    assert_eq!(tally(&w, "completed: cancelled (-32800)"), 1);
+    assert_eq!(tally(&w, "answers dropped: late, after a cancel"), 1);
+    assert_eq!(tally(&w, "cancels naming nothing"), 1);
+    settle(&mut w);
+}
+
+/// An owner that disconnects fails every request pending on its service with -32051 at once,
+/// whichever caller and id they came from.
+#[test]
+fn an_owner_that_leaves_fails_its_pending_requests() {
+    let mut w = services_world(3, |_| {});
+    let svc = register(&mut w, 0, json!({ "protocol": "demo" }));
+    w.with_client(1, |c| c.call(json!(1), &svc, "a", json!(null), None));
+    w.with_client(1, |c| {
+        c.call(json!(2), &svc, "b", json!(null), Some(60_000))
+    });
+    w.with_client(2, |c| c.call(json!(1), &svc, "c", json!(null), None));
+    advance(&mut w, 50);
+    assert_eq!(w.clients[0].inbox.len(), 3);
+    assert_eq!(pending(&w), 3);
+    w.disconnect(0, false);
+    advance(&mut w, 50);
+    assert_eq!(codes(&w, 1), vec![Some(-32051), Some(-32051)]);
+    assert_eq!(codes(&w, 2), vec![Some(-32051)]);
+    assert_eq!(pending(&w), 0);
+    assert_eq!(w.host().map(|h| h.service_count()), Some(0));
+    assert_eq!(tally(&w, "completed: service gone (-32051)"), 3);
+    settle(&mut w);
+}
+
+/// A caller that disconnects releases its requests, and the owner hears `$/cancelRequest` for
+/// each; an answer after that completes nothing.
+#[test]
+fn a_caller_that_leaves_cancels_its_requests_at_the_owner() {
+    let mut w = services_world(2, |_| {});
+    let svc = register(&mut w, 0, json!({ "protocol": "demo" }));
+    w.with_client(1, |c| c.call(json!(1), &svc, "a", json!(null), None));
+    w.with_client(1, |c| c.call(json!("1"), &svc, "b", json!(null), None));
+    advance(&mut w, 50);
+    let ids: Vec<u64> = w.clients[0].inbox.iter().map(|h| h.host_id).collect();
+    assert_eq!(ids.len(), 2, "ids 1 and \"1\" are different requests");
+    w.disconnect(1, true);
+    advance(&mut w, 50);
+    assert!(ids.iter().all(|h| w.clients[0].was_cancelled(*h)));
+    assert_eq!(pending(&w), 0);
+    assert_eq!(tally(&w, "released: caller left"), 2);
+    w.with_client(0, |c| c.respond(ids[0], json!({ "result": 1 })));
+    advance(&mut w, 50);
+    assert_eq!(
+        tally(&w, "answers dropped: late, service or caller gone"),
+        1
+    );
+    settle(&mut w);
+}
+
+/// A slow owner: notifications forwarded while its queue is under the soft limit, dropped
+/// (and counted) above it, never closing it; what arrives is in send order, and the notifier
+/// never hears anything back.
+#[test]
+fn notifications_keep_their_order_through_a_slow_owner_and_drops_are_counted() {
+    let mut w = services_world(2, |o| {
+        o.limits.message_bytes_max = 1024;
+        o.limits.queue_bytes_hard = 8192;
+        o.limits.queue_bytes_soft = 4096;
+    });
+    let svc = register(&mut w, 0, json!({ "protocol": "demo" }));
+    let received = w.clients[1].frames_received();
+    w.clog(0, 2_000);
+    for _ in 0..60 {
+        w.with_client(1, |c| c.notify_service(&svc, "changed"));
+        advance(&mut w, 5);
+    }
+    advance(&mut w, 3_000);
+    let heard = w.clients[0].stats.notifications_heard;
+    let dropped = tally(&w, "notifications dropped: owner overloaded");
+    assert!(heard > 0 && dropped > 0, "heard {heard}, dropped {dropped}");
+    assert_eq!(heard + dropped, 60);
+    assert_eq!(tally(&w, "notifications forwarded"), heard);
+    let stats = w.host().map(|h| h.stats().clone()).unwrap_or_default();
+    assert_eq!(
+        (stats.notifications_forwarded, stats.notifications_dropped),
+        (heard, dropped)
+    );
+    assert_eq!(stats.slow_consumer_closes, 0, "notifications never close");
+    assert_eq!(
+        w.clients[1].frames_received(),
+        received,
+        "the notifier heard nothing"
+    );
+    assert!(w.clients[0].connection.is_some());
+    settle(&mut w);
+}
+
+/// 100 callers on 100 connections all use request id 1 at once; each gets its own answer,
+/// even answered in reverse order. An answer from a connection that was not asked is ignored.
+#[test]
+fn one_hundred_callers_with_request_id_1_get_their_own_answers() {
+    let mut w = services_world(101, |_| {});
+    let svc = register(&mut w, 0, json!({ "protocol": "demo" }));
+    for i in 1..=100usize {
+        w.with_client(i, |c| {
+            c.call(json!(1), &svc, "whoami", json!({ "caller": i }), None)
+        });
+    }
+    advance(&mut w, 50);
+    let inbox = w.clients[0].inbox.clone();
+    assert_eq!(inbox.len(), 100);
+    let ids: std::collections::BTreeSet<u64> = inbox.iter().map(|h| h.host_id).collect();
+    assert_eq!(ids.len(), 100, "host ids are unique");
+    assert_eq!(pending(&w), 100);
+    // Client 7 answers a request it was never sent: ignored.
+    w.with_client(7, |c| {
+        c.respond(inbox[0].host_id, json!({ "result": "forged" }))
+    });
+    advance(&mut w, 20);
+    assert_eq!(tally(&w, "answers dropped: foreign"), 1);
+    assert_eq!(pending(&w), 100);
+    for h in inbox.iter().rev() {
+        let result = json!({ "result": { "echo": h.params, "sender": h.sender } });
+        w.with_client(0, |c| c.respond(h.host_id, result));
+    }
+    advance(&mut w, 50);
+    for i in 1..=100usize {
+        let outcomes = &w.clients[i].outcomes;
+        assert_eq!(outcomes.len(), 1, "caller {i}");
+        let (id, r) = &outcomes[0];
+        assert_eq!(id, "1");
+        let r = r
+            .as_ref()
+            .unwrap_or_else(|e| panic!("caller {i} failed: {e}"));
+        assert_eq!(r["echo"]["caller"], json!(i));
+        assert_eq!(r["sender"], json!(format!("client-{i}")));
+    }
+    assert_eq!(pending(&w), 0);
+    settle(&mut w);
+}
+
+/// CORE BUG (found by this workload, fixed in 56f1a9d): `Host::reap` forgot the connections
+/// closed so far in one pass, but forgetting one can close another (a catalog `serviceRemoved`
+/// or a -32051 reply that takes an observer or caller over its hard queue limit), and that one
+/// was not forgotten until the next input: its services stayed registered, listed in snapshots
+/// and routable (a call got -32043 "Service is overloaded" instead of -32008), its requests
+/// pending. Here client 0's update closes client 2 (over its limit); forgetting client 2
+/// removes its service, and that `serviceRemoved` closes client 1, whose service must not
+/// outlive the call. The swarm found it too (seeds 3005, 3684, 5317, 6680, 10592 and 17748 of
+/// 0..20000 before the fix).
+#[test]
+fn a_connection_closed_while_another_is_forgotten_holds_nothing() {
+    let mut w = services_world(3, |o| {
+        o.limits.message_bytes_max = 1024;
+        o.limits.queue_bytes_hard = 4096;
+        o.limits.queue_bytes_soft = 2048;
+    });
+    let pad = json!({ "protocol": "demo", "pad": "x".repeat(200) });
+    register(&mut w, 1, pad.clone());
+    register(&mut w, 2, pad.clone());
+    let svc = register(&mut w, 0, pad);
+    subscribe(&mut w, 1, SERVICES);
+    w.clog(1, 60_000);
+    w.clog(2, 60_000);
+    let update = |w: &mut World| {
+        let params = json!({ "channel": SERVICES, "serviceId": svc, "metadata": { "pad": "y".repeat(300) } });
+        w.with_client(0, |c| c.update_service_with(params));
+        advance(w, 50);
+    };
+    update(&mut w);
+    // Client 2 subscribes while clogged: its snapshot sits in its queue, so it is the first
+    // over the limit.
+    w.with_client(2, |c| c.subscribe(SERVICES));
+    advance(&mut w, 50);
+    for _ in 0..30 {
+        update(&mut w);
+    }
+    settle(&mut w);
+}

@@ -752,3 +752,36 @@ fn chat_actions_after_a_registration_commit_below_the_reserved_mark() {
     );
     assert!(h.host.channel_state("ahp-chat:/s1").expect("chat")["activeTurn"].is_object());
 }
+
+#[test]
+fn deeply_nested_metadata_is_refused_so_catalog_frames_stay_readable() {
+    // Found by fuzzing (host_sequence): metadata 120 levels deep registered fine, and every
+    // catalog frame carrying it was deeper than JSON parsers accept.
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "owner", &[CATALOG]);
+    let deep: Value = serde_json::from_str(&format!("{}1{}", "{\"a\":".repeat(40), "}".repeat(40)))
+        .expect("json");
+    let r = h.request(
+        1,
+        5,
+        "client/registerService",
+        json!({"channel": CATALOG, "metadata": deep}),
+    );
+    assert_eq!(r["error"]["code"], -32602);
+    let ok: Value = serde_json::from_str(&format!(
+        "{}\"[{{\"{}",
+        "{\"a\":".repeat(31),
+        "}".repeat(31)
+    ))
+    .expect("json");
+    let r = h.request(
+        1,
+        6,
+        "client/registerService",
+        json!({"channel": CATALOG, "metadata": ok}),
+    );
+    assert!(
+        r["result"]["serviceId"].is_string(),
+        "brackets inside strings do not count: {r}"
+    );
+}

@@ -1,0 +1,6 @@
+//! Bytes → `axhost_core::wire::parse`. See `src/envelope.rs`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| axhost_fuzz::envelope::check(data));

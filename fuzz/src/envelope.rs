@@ -1,0 +1,204 @@
+//! Target `envelope`: any bytes straight into `axhost_core::wire::parse`.
+//!
+//! Shared by the `envelope` fuzz target and `tests/fuzz_corpus.rs`. Checks:
+//! - no panic, whatever the bytes;
+//! - every `Err` is answered with `-32700` (`NotJson`) or `-32600` (`NotJsonRpc`) through
+//!   `Malformed::to_error`, and the answer built with `wire::error_frame` is JSON that parses
+//!   back as an error response with `id: null` and that code;
+//! - `NotJson` only for bytes `serde_json` cannot read as a JSON value;
+//! - a parsed message came from bytes that are JSON (syntax, as RFC 8259 reads it);
+//! - a request's id is JSON text of a number, string or null, echoed exactly by
+//!   `result_frame` / `error_frame`, whose frames parse back as responses with the same id;
+//! - a method name and params re-encoded with `notification_frame` parse back unchanged;
+//! - raw params, results and error objects are JSON text (`params: null` reads as absent).
+
+use axhost_core::error::{RpcError, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
+use axhost_core::wire::{self, Malformed, Message};
+use serde::de::IgnoredAny;
+use serde_json::Value;
+
+/// Whether `bytes` is JSON by the grammar (numbers of any size, any escapes, any depth).
+pub fn is_json(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<IgnoredAny>(bytes).is_ok()
+}
+
+/// Whether `serde_json::Value` can hold `bytes` (the stricter reading most clients use: finite
+/// numbers, no lone surrogates, at most 128 levels of nesting).
+pub fn is_strict_json(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(bytes).is_ok()
+}
+
+/// What `wire::parse` made of a frame, owned, for comparisons.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parsed {
+    /// A request: raw id, decoded method, raw params.
+    Request {
+        /// Raw id text.
+        id: String,
+        /// Method, unescaped.
+        method: String,
+        /// Raw params.
+        params: Option<String>,
+    },
+    /// A notification.
+    Notification {
+        /// Method, unescaped.
+        method: String,
+        /// Raw params.
+        params: Option<String>,
+    },
+    /// A response with `result` (`Ok`) or `error` (`Err`), both raw.
+    Response {
+        /// Raw id text.
+        id: String,
+        /// Raw result or error.
+        outcome: Result<String, String>,
+    },
+    /// Not JSON (`-32700`).
+    NotJson,
+    /// Not JSON-RPC (`-32600`).
+    NotJsonRpc,
+}
+
+/// Parses and owns the answer.
+pub fn classify(bytes: &[u8]) -> Parsed {
+    match wire::parse(bytes) {
+        Ok(Message::Request { id, method, params }) => Parsed::Request {
+            id: id.get().to_owned(),
+            method: method.into_owned(),
+            params: params.map(|p| p.get().to_owned()),
+        },
+        Ok(Message::Notification { method, params }) => Parsed::Notification {
+            method: method.into_owned(),
+            params: params.map(|p| p.get().to_owned()),
+        },
+        Ok(Message::Response { id, outcome }) => Parsed::Response {
+            id: id.get().to_owned(),
+            outcome: outcome
+                .map(|r| r.get().to_owned())
+                .map_err(|e| e.get().to_owned()),
+        },
+        Err(Malformed::NotJson) => Parsed::NotJson,
+        Err(Malformed::NotJsonRpc(_)) => Parsed::NotJsonRpc,
+    }
+}
+
+/// The `envelope` target: checks every property above for one input.
+pub fn check(data: &[u8]) {
+    match wire::parse(data) {
+        Err(malformed) => check_malformed(data, &malformed),
+        Ok(message) => {
+            assert!(is_json(data), "parse accepted bytes that are not JSON");
+            check_message(data, &message);
+        }
+    }
+}
+
+fn check_malformed(data: &[u8], malformed: &Malformed) {
+    let error = malformed.to_error();
+    match malformed {
+        Malformed::NotJson => {
+            assert_eq!(error.code, PARSE_ERROR);
+            assert!(
+                !is_strict_json(data),
+                "NotJson for bytes serde_json reads as a JSON value"
+            );
+        }
+        Malformed::NotJsonRpc(why) => {
+            assert_eq!(error.code, INVALID_REQUEST);
+            assert!(!why.is_empty());
+        }
+    }
+    assert!(!error.message.is_empty());
+    check_error_frame("null", &error);
+}
+
+/// `error_frame(id, error)` is strict JSON (the id is), parses back as an error response with
+/// this id, code and message.
+fn check_error_frame(id: &str, error: &RpcError) {
+    let frame = wire::error_frame(id, error);
+    assert!(is_json(frame.as_bytes()), "error frame is not JSON");
+    if is_strict_json(id.as_bytes()) {
+        let v: Value = serde_json::from_slice(frame.as_bytes()).expect("strict error frame");
+        assert_eq!(v["jsonrpc"], "2.0");
+        assert_eq!(v["error"]["code"], error.code);
+        assert_eq!(v["error"]["message"], error.message.as_ref());
+    }
+    match wire::parse(frame.as_bytes()) {
+        Ok(Message::Response {
+            id: back,
+            outcome: Err(_),
+        }) => assert_eq!(back.get(), id, "error frame changed the id"),
+        other => panic!("error frame reads back as {other:?}"),
+    }
+}
+
+fn check_message(data: &[u8], message: &Message<'_>) {
+    match message {
+        Message::Request { id, method, params } => {
+            let id = id.get();
+            check_raw(data, id);
+            assert!(
+                matches!(id.as_bytes()[0], b'"' | b'-' | b'0'..=b'9' | b'n'),
+                "request id {id:?} is not a number, string or null"
+            );
+            match wire::parse(wire::result_frame(id, "null").as_bytes()) {
+                Ok(Message::Response {
+                    id: back,
+                    outcome: Ok(result),
+                }) => {
+                    assert_eq!(back.get(), id);
+                    assert_eq!(result.get(), "null");
+                }
+                other => panic!("result frame reads back as {other:?}"),
+            }
+            check_error_frame(id, &RpcError::new(METHOD_NOT_FOUND, "Unknown method"));
+            check_method(data, method, params.map(|p| p.get()));
+        }
+        Message::Notification { method, params } => {
+            check_method(data, method, params.map(|p| p.get()));
+        }
+        Message::Response { id, outcome } => {
+            check_raw(data, id.get());
+            match outcome {
+                Ok(raw) | Err(raw) => check_raw(data, raw.get()),
+            }
+            if let Err(raw) = outcome {
+                assert_ne!(raw.get(), "null", "error: null is not an error object");
+            }
+        }
+    }
+}
+
+fn check_method(data: &[u8], method: &str, params: Option<&str>) {
+    if let Some(p) = params {
+        check_raw(data, p);
+        assert_ne!(p, "null", "params: null must read as absent");
+    }
+    let frame = wire::notification_frame(method, params.unwrap_or("{}"));
+    match wire::parse(frame.as_bytes()) {
+        Ok(Message::Notification {
+            method: back,
+            params: p,
+        }) => {
+            assert_eq!(back, method, "method changed on re-encoding");
+            assert_eq!(p.map(|p| p.get()), Some(params.unwrap_or("{}")));
+        }
+        other => panic!("notification frame reads back as {other:?}"),
+    }
+}
+
+/// A raw value borrowed from the frame: JSON, with no whitespace around it, taken from `data`.
+fn check_raw(data: &[u8], raw: &str) {
+    assert!(is_json(raw.as_bytes()), "raw value {raw:?} is not JSON");
+    assert!(!raw.is_empty());
+    let first = raw.as_bytes()[0];
+    let last = raw.as_bytes()[raw.len() - 1];
+    assert!(!first.is_ascii_whitespace() && !last.is_ascii_whitespace());
+    let start = raw.as_ptr() as usize;
+    let base = data.as_ptr() as usize;
+    assert!(
+        start >= base && start + raw.len() <= base + data.len(),
+        "raw value not borrowed from the frame"
+    );
+}
