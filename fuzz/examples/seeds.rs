@@ -467,11 +467,11 @@ fn host_sequence() {
     findings();
 }
 
-/// Inputs that fail a check today because of behaviour reported, not yet decided: kept in
-/// `fuzz/findings/` (not replayed by `cargo test`; move one to `fuzz/regressions/` once fixed).
+/// Named regressions built from findings: inputs that failed a check before their fix, replayed by
+/// `cargo test` from `fuzz/regressions/<target>/`.
 fn findings() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("findings/host_sequence");
-    fs::create_dir_all(&dir).expect("findings dir");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions/host_sequence");
+    fs::create_dir_all(&dir).expect("regressions dir");
     let raw = |text: &str| Op::Send {
         conn: 0,
         msg: Msg::Raw(text.as_bytes().to_vec()),
