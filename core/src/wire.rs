@@ -97,6 +97,12 @@ pub fn parse(text: &[u8]) -> Result<Message<'_>, Malformed> {
     let env: RawEnvelope<'_> = match serde_json::from_slice(text) {
         Ok(env) => env,
         Err(e) if e.is_syntax() || e.is_eof() => return Err(Malformed::NotJson),
+        // serde stops at the first wrong type or duplicate key, before it has seen the rest of
+        // the text; JSON-RPC answers text that is not JSON with -32700 whatever comes first.
+        // This second pass runs only on the error path.
+        Err(_) if serde_json::from_slice::<serde::de::IgnoredAny>(text).is_err() => {
+            return Err(Malformed::NotJson)
+        }
         Err(_) => return Err(Malformed::NotJsonRpc("Invalid JSON-RPC request")),
     };
     if env.jsonrpc.as_deref() != Some("2.0") {
@@ -131,12 +137,18 @@ pub fn parse(text: &[u8]) -> Result<Message<'_>, Malformed> {
     }
 }
 
-/// JSON-RPC ids are numbers, strings or null.
+/// JSON-RPC ids are numbers, strings or null, and the host echoes them verbatim, so it accepts
+/// only ids every JSON reader can take back: numbers within f64 range (not `1e400`) and strings
+/// without lone surrogate escapes (not `"\ud800"`). The raw id already passed the grammar; this
+/// decodes it once more, which costs little for the short ids clients use.
 fn valid_id(id: &RawValue) -> bool {
-    matches!(
-        id.get().as_bytes().first(),
-        Some(b'"' | b'-' | b'0'..=b'9' | b'n')
-    )
+    let text = id.get();
+    match text.as_bytes().first() {
+        Some(b'"') => serde_json::from_str::<Cow<'_, str>>(text).is_ok(),
+        Some(b'-' | b'0'..=b'9') => serde_json::from_str::<serde_json::Number>(text).is_ok(),
+        Some(b'n') => true,
+        _ => false,
+    }
 }
 
 /// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` where `result` is JSON text.
@@ -252,6 +264,51 @@ mod tests {
         ));
         assert!(matches!(
             parse(br#"{"jsonrpc":"2.0","id":1,"method":"a","method":"b"}"#),
+            Err(Malformed::NotJsonRpc(_))
+        ));
+    }
+
+    #[test]
+    fn ids_must_be_strict_json() {
+        for id in ["1e400", "-1e400", r#""\ud800""#, r#""a\udc00b""#] {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+            assert_eq!(
+                parse(text.as_bytes()).unwrap_err(),
+                Malformed::NotJsonRpc("Invalid JSON-RPC request: bad id"),
+                "{id}"
+            );
+        }
+        for id in [
+            "0",
+            "-1.5e300",
+            "123456789012345678901234567890",
+            r#""\ud83d\ude00""#,
+        ] {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+            assert!(
+                matches!(parse(text.as_bytes()), Ok(Message::Request { .. })),
+                "{id}"
+            );
+        }
+    }
+
+    #[test]
+    fn text_that_is_not_json_is_a_parse_error_even_after_a_wrong_type() {
+        // serde meets the wrong type (or a duplicate key) before the broken syntax.
+        for text in [
+            r#"{"jsonrpc":5,"#,
+            r#"{"method":{"a"}}"#,
+            r#"{"method":1,"id":}"#,
+            r#"{"id":1,"id":2,"#,
+        ] {
+            assert_eq!(
+                parse(text.as_bytes()).unwrap_err(),
+                Malformed::NotJson,
+                "{text}"
+            );
+        }
+        assert!(matches!(
+            parse(br#"{"jsonrpc":5}"#),
             Err(Malformed::NotJsonRpc(_))
         ));
     }

@@ -5,9 +5,11 @@
 //! - every `Err` is answered with `-32700` (`NotJson`) or `-32600` (`NotJsonRpc`) through
 //!   `Malformed::to_error`, and the answer built with `wire::error_frame` is JSON that parses
 //!   back as an error response with `id: null` and that code;
-//! - `NotJson` only for bytes `serde_json` cannot read as a JSON value;
+//! - `NotJson` only for bytes `serde_json` cannot read as a JSON value, `NotJsonRpc` only for
+//!   bytes that are JSON by the grammar (JSON-RPC's -32700 is for text that is not JSON);
 //! - a parsed message came from bytes that are JSON (syntax, as RFC 8259 reads it);
-//! - a request's id is JSON text of a number, string or null, echoed exactly by
+//! - a request's id is strict JSON (a number in f64 range, a string without lone surrogates, or
+//!   null), so clients can read every frame that echoes it; echoed exactly by
 //!   `result_frame` / `error_frame`, whose frames parse back as responses with the same id;
 //! - a method name and params re-encoded with `notification_frame` parse back unchanged;
 //! - raw params, results and error objects are JSON text (`params: null` reads as absent).
@@ -99,6 +101,8 @@ fn check_malformed(data: &[u8], malformed: &Malformed) {
     match malformed {
         Malformed::NotJson => {
             assert_eq!(error.code, PARSE_ERROR);
+            // Not `!is_json`: a lone surrogate escape in `method` is grammatical JSON that no
+            // Rust string can hold, and serde reports it as a syntax error.
             assert!(
                 !is_strict_json(data),
                 "NotJson for bytes serde_json reads as a JSON value"
@@ -106,6 +110,7 @@ fn check_malformed(data: &[u8], malformed: &Malformed) {
         }
         Malformed::NotJsonRpc(why) => {
             assert_eq!(error.code, INVALID_REQUEST);
+            assert!(is_json(data), "NotJsonRpc for bytes that are not JSON");
             assert!(!why.is_empty());
         }
     }
@@ -141,6 +146,10 @@ fn check_message(data: &[u8], message: &Message<'_>) {
             assert!(
                 matches!(id.as_bytes()[0], b'"' | b'-' | b'0'..=b'9' | b'n'),
                 "request id {id:?} is not a number, string or null"
+            );
+            assert!(
+                is_strict_json(id.as_bytes()),
+                "request id {id:?} is not strict JSON"
             );
             match wire::parse(wire::result_frame(id, "null").as_bytes()) {
                 Ok(Message::Response {

@@ -16,9 +16,13 @@
 //! - a bad token anywhere is `-32700`, except in `jsonrpc`/`method` where one that opens an
 //!   array or object or starts like a number is first a wrong type (`-32600`); a number there
 //!   beyond f64 range is `-32700` (serde fails to read it while naming the wrong type);
-//! - then: `jsonrpc` must be `"2.0"`; `method` + `id` is a request (the id must start like a
-//!   number, string or null), `method` alone a notification, `id` with exactly one of
-//!   `result`/`error` a response; anything else `-32600`.
+//! - an error of type (`-32600` above) in text that is not JSON as a whole (a bad token further
+//!   on, a cut, trailing garbage) is `-32700`: JSON-RPC calls for a parse error whenever the text
+//!   is not JSON, whatever serde met first;
+//! - then: `jsonrpc` must be `"2.0"`; `method` + `id` is a request (the id must be a number in
+//!   f64 range, a string without lone surrogates, or null: the host echoes it, so every JSON
+//!   reader must be able to take it back), `method` alone a notification, `id` with exactly one
+//!   of `result`/`error` a response; anything else `-32600`.
 //!
 //! Raw ids, params, results and errors must come back byte for byte as generated; methods
 //! decoded. Every generated input also goes through the byte-level checks of `envelope`.
@@ -440,7 +444,7 @@ enum Read {
     /// All members read: the fields as serde holds them.
     Done {
         jsonrpc: Option<String>,
-        id: Option<String>,
+        id: Option<Val>,
         method: Option<String>,
         params: Option<String>,
         result: Option<String>,
@@ -493,7 +497,7 @@ fn read_members(members: &[Member]) -> Read {
                     method = decoded;
                 }
             }
-            Key::Id => id = Some(v.text.clone()),
+            Key::Id => id = Some(v.clone()),
             Key::Result => result = Some(v.text.clone()),
             Key::Params | Key::Error => {
                 let raw = (v.kind != Kind::Null).then(|| v.text.clone());
@@ -533,14 +537,18 @@ fn model(members: &[Member]) -> (Parsed, bool) {
     } else {
         match (method, id) {
             (Some(method), Some(id)) => {
-                if matches!(id.as_bytes()[0], b'"' | b'-' | b'0'..=b'9' | b'n') {
-                    Parsed::Request { id, method, params }
+                if strict_id(&id) {
+                    Parsed::Request {
+                        id: id.text,
+                        method,
+                        params,
+                    }
                 } else {
                     Parsed::NotJsonRpc
                 }
             }
             (Some(method), None) => Parsed::Notification { method, params },
-            (None, Some(id)) => match (result, error) {
+            (None, Some(Val { text: id, .. })) => match (result, error) {
                 (Some(r), None) => Parsed::Response { id, outcome: Ok(r) },
                 (None, Some(e)) => Parsed::Response {
                     id,
@@ -552,6 +560,23 @@ fn model(members: &[Member]) -> (Parsed, bool) {
         }
     };
     (parsed, false)
+}
+
+/// Whether a request id is one every JSON reader takes back: null, a string without lone
+/// surrogates, or a number within f64 range.
+fn strict_id(id: &Val) -> bool {
+    match &id.kind {
+        Kind::Null => true,
+        Kind::Str(decoded) => decoded.is_some(),
+        Kind::Other
+            if id
+                .text
+                .starts_with(['-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9']) =>
+        {
+            id.text.parse::<f64>().is_ok_and(f64::is_finite)
+        }
+        Kind::Other | Kind::Bad => false,
+    }
 }
 
 /// Generates one case from fuzz bytes.
@@ -617,7 +642,12 @@ pub fn generate(u: &mut Unstructured<'_>) -> Result<Case> {
         text.push_str(&g.ws()?);
     }
     text.push('}');
-    let (parsed, stopped_early) = model(&members);
+    let any_bad = members.iter().any(|m| m.value.kind == Kind::Bad);
+    let (mut parsed, stopped_early) = model(&members);
+    if stopped_early && any_bad {
+        // Whatever serde met first, the text is not JSON.
+        parsed = Parsed::NotJson;
+    }
     let wrap = match g.below(16)? {
         0 => Wrap::FormFeed,
         1 => Wrap::TrailingGarbage,
@@ -628,7 +658,6 @@ pub fn generate(u: &mut Unstructured<'_>) -> Result<Case> {
         6 => Wrap::Empty,
         _ => Wrap::Plain,
     };
-    let any_bad = members.iter().any(|m| m.value.kind == Kind::Bad);
     let (bytes, expect) = match wrap {
         Wrap::Plain => {
             let lead = g.ws()?;
@@ -636,30 +665,19 @@ pub fn generate(u: &mut Unstructured<'_>) -> Result<Case> {
             (format!("{lead}{text}{trail}").into_bytes(), vec![parsed])
         }
         Wrap::FormFeed => (format!("\u{c}{text}").into_bytes(), vec![Parsed::NotJson]),
+        // Neither is JSON, so both are -32700 wherever serde stops.
         Wrap::TrailingGarbage | Wrap::SecondObject => {
             let tail = if wrap == Wrap::SecondObject {
                 "{}"
             } else {
                 ["x", "]", "}", ",", "\u{0}", "/"][g.below(6)? as usize]
             };
-            let expect = if stopped_early {
-                parsed
-            } else {
-                Parsed::NotJson
-            };
-            (format!("{text}{tail}").into_bytes(), vec![expect])
+            (format!("{text}{tail}").into_bytes(), vec![Parsed::NotJson])
         }
         Wrap::Truncate(cut) => {
             let mut bytes = text.into_bytes();
             bytes.truncate(cut);
-            let expect = if stopped_early {
-                // The error may lie before or after the cut, and a cut bad token may become a
-                // wrong type (`01` cut to `0`).
-                vec![Parsed::NotJsonRpc, Parsed::NotJson]
-            } else {
-                vec![Parsed::NotJson]
-            };
-            (bytes, expect)
+            (bytes, vec![Parsed::NotJson])
         }
         Wrap::Batch => {
             let expect = if any_bad {
