@@ -1,6 +1,6 @@
 //! The seed sweep: every seed runs both phases twice and must give the same digest.
 //!
-//! Default seeds `0..500`; override with `AXHOST_SIM_SEEDS=start..end` (end exclusive, or
+//! Default seeds `0..1000` (the issue asks CI for at least 1,000 per run, well under a minute); override with `AXHOST_SIM_SEEDS=start..end` (end exclusive, or
 //! `start..=end`, or one seed). Seeds are shared out to two threads as they finish (the CI
 //! machine has two cores; runs differ a lot in length); each seed stays fully deterministic on
 //! its own thread.
@@ -8,9 +8,9 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use axhost_sim::{parse_seed_range, run};
+use axhost_sim::{parse_seed_range, run, World};
 
-const DEFAULT_SEEDS: Range<u64> = 0..500;
+const DEFAULT_SEEDS: Range<u64> = 0..1000;
 const THREADS: u64 = 2;
 
 fn seeds() -> Range<u64> {
@@ -21,9 +21,13 @@ fn seeds() -> Range<u64> {
     }
 }
 
-/// Runs `seed` twice; the failure message is a one-line bug report.
+/// Runs `seed` twice; the failure message is a bug report: what broke, the run's fault profile
+/// (drawn from the seed), and the one command that replays it.
 fn check(seed: u64) -> Result<(), String> {
-    let replay = format!("replay: cargo run -p axhost-sim -- --seed {seed}");
+    let replay = format!(
+        "profile: {:?}\n  replay: cargo run -p axhost-sim -- --seed {seed}",
+        World::new(seed).options
+    );
     match (run(seed), run(seed)) {
         (Ok(a), Ok(b)) if a == b => Ok(()),
         (Ok(a), Ok(b)) => Err(format!(
