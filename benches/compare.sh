@@ -1,0 +1,293 @@
+#!/usr/bin/env bash
+# benches/compare.sh: axhost client-service notifications vs Redis pub/sub vs NATS, point to
+# point, same payload (200 B), same load tool (benches/load, `axhost-load`), same machine.
+#
+#   bash benches/compare.sh            # 3 reps x 10 s per case, medians
+#   DURATION=2 REPS=1 bash benches/compare.sh   # smoke run
+#   bash benches/compare.sh --long     # also: axhost RSS before/after a 60 s max-rate run
+#
+# Environment overrides: DURATION (s, default 10), REPS (3), WARMUP (s, 1), SYSTEMS
+# ("axhost redis nats"), SHAPES ("1x1 1x16 16x16 64x64"), RATES ("10k 100k max"),
+# SIZE (payload bytes, 200), SERVER_CPU (0), LOAD_CPU (1), LONG_SECONDS (60), OUT (result file).
+#
+# Every server runs pinned to SERVER_CPU, the load tool to LOAD_CPU. Each system gets its own
+# fresh server for its runs; every server this script starts is stopped on exit.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+DURATION=${DURATION:-10}
+REPS=${REPS:-3}
+WARMUP=${WARMUP:-1}
+SYSTEMS=${SYSTEMS:-"axhost redis nats"}
+SHAPES=${SHAPES:-"1x1 1x16 16x16 64x64"}
+RATES=${RATES:-"10k 100k max"}
+SERVER_CPU=${SERVER_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
+LONG_SECONDS=${LONG_SECONDS:-60}
+SIZE=${SIZE:-200}
+LONG=0
+
+for arg in "$@"; do
+    case "$arg" in
+        --long) LONG=1 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        *) echo "compare.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
+    esac
+done
+
+log() { echo "compare.sh: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+# ---------------------------------------------------------------------------------------------
+# Servers: install if missing, without leaving a distro-started one in the way.
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v nats-server >/dev/null 2>&1 || missing+=(nats-server)
+command -v taskset >/dev/null 2>&1 || missing+=(util-linux)
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    # The packages may start their own service on the default ports; we use our own instances.
+    for svc in redis-server nats-server; do
+        if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$svc" 2>/dev/null; then
+            $SUDO systemctl stop "$svc" || true
+            $SUDO systemctl disable "$svc" >/dev/null 2>&1 || true
+        elif command -v service >/dev/null 2>&1; then
+            $SUDO service "$svc" stop >/dev/null 2>&1 || true
+        fi
+    done
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Build.
+log "building axhost and axhost-load (release)"
+(cd "$ROOT" && cargo build --release --quiet -p axhost --bin axhost && cargo build --release --quiet -p axhost-load)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+AXHOST="$TARGET_DIR/release/axhost"
+LOAD="$TARGET_DIR/release/axhost-load"
+[ -x "$AXHOST" ] && [ -x "$LOAD" ] || die "release binaries not found under $TARGET_DIR/release"
+
+TMP=$(mktemp -d -t axhost-compare.XXXXXX)
+SERVER_PID=""
+cleanup() {
+    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    SERVER_PID=""
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+stop_server() {
+    if [ -n "$SERVER_PID" ]; then
+        kill "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+        SERVER_PID=""
+    fi
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+free_port() {
+    local p
+    for _ in $(seq 1 200); do
+        p=$((20000 + RANDOM % 30000))
+        if ! port_open "$p"; then echo "$p"; return 0; fi
+    done
+    die "no free port found"
+}
+
+wait_port() {
+    local port=$1 name=$2
+    for _ in $(seq 1 200); do
+        port_open "$port" && return 0
+        kill -0 "$SERVER_PID" 2>/dev/null || die "$name exited at start (see $TMP/$name.log)"
+        sleep 0.05
+    done
+    die "$name did not listen on $port within 10 s"
+}
+
+ADDR=""
+TOKEN=""
+start_axhost() {
+    local data="$TMP/axhost-data"
+    rm -rf "$data"
+    mkdir -m 700 -p "$data"
+    TOKEN=$("$AXHOST" token add --data-dir "$data" --id load --role maintainer | tail -n 1 | tr -d '[:space:]')
+    [ -n "$TOKEN" ] || die "axhost token add printed no token"
+    RUST_LOG=${AXHOST_RUST_LOG:-warn} taskset -c "$SERVER_CPU" "$AXHOST" serve --listen 127.0.0.1:0 \
+        --data-dir "$data" >"$TMP/axhost.out" 2>"$TMP/axhost.log" &
+    SERVER_PID=$!
+    local line=""
+    for _ in $(seq 1 200); do
+        line=$(grep -m1 -o 'ws://[0-9.]*:[0-9]*' "$TMP/axhost.out" 2>/dev/null || true)
+        [ -n "$line" ] && break
+        kill -0 "$SERVER_PID" 2>/dev/null || die "axhost exited at start: $(tail -n 5 "$TMP/axhost.log")"
+        sleep 0.05
+    done
+    [ -n "$line" ] || die "axhost printed no listening line within 10 s"
+    ADDR=${line#ws://}
+}
+
+start_redis() {
+    local port
+    port=$(free_port)
+    taskset -c "$SERVER_CPU" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+        --daemonize no --logfile "" >"$TMP/redis.log" 2>&1 &
+    SERVER_PID=$!
+    wait_port "$port" redis
+    ADDR="127.0.0.1:$port"
+}
+
+start_nats() {
+    local port
+    port=$(free_port)
+    taskset -c "$SERVER_CPU" nats-server -a 127.0.0.1 -p "$port" >"$TMP/nats.log" 2>&1 &
+    SERVER_PID=$!
+    wait_port "$port" nats
+    ADDR="127.0.0.1:$port"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Cases: "SENDERSxRECEIVERS RATE BATCH".
+CASES=()
+for shape in $SHAPES; do
+    for rate in $RATES; do CASES+=("$shape $rate 1"); done
+done
+case " $SHAPES " in *" 64x64 "*) case " $RATES " in *" max "*) CASES+=("64x64 max 16") ;; esac ;; esac
+
+RESULTS="$TMP/results.tsv"   # system case rep sent_per_s delivered_per_s p50 p99 p999 max lost
+: >"$RESULTS"
+
+# Reads one field of the tool's flat JSON line.
+jfield() { sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$2"; }
+
+run_case() {
+    local system=$1 shape=$2 rate=$3 batch=$4 rep=$5 duration=$6
+    local senders=${shape%x*} receivers=${shape#*x}
+    local out json
+    if ! out=$(AXHOST_TOKEN="$TOKEN" taskset -c "$LOAD_CPU" "$LOAD" --target "$system" --addr "$ADDR" \
+        --senders "$senders" --receivers "$receivers" --rate "$rate" --batch "$batch" --size "$SIZE" \
+        --duration "${duration}s" --warmup "${WARMUP}s" --json 2>"$TMP/load.err"); then
+        log "  $system $shape rate=$rate batch=$batch rep $rep FAILED: $(tail -n 3 "$TMP/load.err")"
+        printf '%s\t%s\t%s\tERR\tERR\tERR\tERR\tERR\tERR\tERR\n' "$system" "$shape/$rate/$batch" "$rep" >>"$RESULTS"
+        return 0
+    fi
+    log "  $(head -n 1 <<<"$out")"
+    json=$(grep '^{' <<<"$out" | tail -n 1)
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$system" "$shape/$rate/$batch" "$rep" \
+        "$(jfield sent_per_s "$json")" "$(jfield delivered_per_s "$json")" "$(jfield p50_us "$json")" \
+        "$(jfield p99_us "$json")" "$(jfield p999_us "$json")" "$(jfield max_us "$json")" \
+        "$(jfield lost "$json")" >>"$RESULTS"
+}
+
+RSS_LINE=""
+for system in $SYSTEMS; do
+    case "$system" in
+        axhost) start_axhost ;;
+        redis) start_redis ;;
+        nats) start_nats ;;
+        *) die "unknown system $system (axhost, redis, nats)" ;;
+    esac
+    log "$system on $ADDR (pid $SERVER_PID, cpu $SERVER_CPU)"
+    for rep in $(seq 1 "$REPS"); do
+        for c in "${CASES[@]}"; do
+            read -r shape rate batch <<<"$c"
+            run_case "$system" "$shape" "$rate" "$batch" "$rep" "$DURATION"
+        done
+    done
+    if [ "$LONG" = 1 ] && [ "$system" = axhost ]; then
+        stop_server
+        start_axhost
+        rss_before=$(awk '/^VmRSS/ {print $2}' "/proc/$SERVER_PID/status")
+        log "axhost long run: ${LONG_SECONDS}s 64x64 max batch 16, RSS before ${rss_before} kB"
+        run_case axhost 64x64 max 16 long "$LONG_SECONDS"
+        rss_after=$(awk '/^VmRSS/ {print $2}' "/proc/$SERVER_PID/status")
+        rss_peak=$(awk '/^VmHWM/ {print $2}' "/proc/$SERVER_PID/status")
+        RSS_LINE="axhost RSS around a ${LONG_SECONDS} s 64→64 max-rate run (batch 16): before ${rss_before} kB, after ${rss_after} kB, peak ${rss_peak} kB"
+        log "$RSS_LINE"
+    fi
+    stop_server
+done
+
+# ---------------------------------------------------------------------------------------------
+# Medians (each metric separately, over the reps that succeeded).
+median() { # system case column
+    awk -F'\t' -v s="$1" -v c="$2" -v col="$3" '$1==s && $2==c && $3!="long" && $col!="ERR" {print $col}' "$RESULTS" |
+        sort -g | awk '{v[NR]=$1} END { if (NR==0) { print "-" } else if (NR%2) { print v[(NR+1)/2] } else { printf "%.1f\n", (v[NR/2]+v[NR/2+1])/2 } }'
+}
+fmt_rate() { awk -v v="$1" 'BEGIN { if (v=="-") print "fail"; else if (v>=1e6) printf "%.2fM", v/1e6; else if (v>=1e3) printf "%.1fk", v/1e3; else printf "%.0f", v }'; }
+fmt_us() { awk -v v="$1" 'BEGIN { if (v=="-") print "-"; else if (v>=1000) printf "%.0f", v; else printf "%.1f", v }'; }
+
+table() {
+    local header="| shape | offered | batch |" sep="|---|---|---|"
+    for system in $SYSTEMS; do
+        header+=" $system msg/s | $system p50 / p99 / p99.9 µs | $system lost |"
+        sep+="---:|---:|---:|"
+    done
+    echo "$header"
+    echo "$sep"
+    for c in "${CASES[@]}"; do
+        read -r shape rate batch <<<"$c"
+        local key="$shape/$rate/$batch" row
+        row="| ${shape/x/→} | $rate | $batch |"
+        for system in $SYSTEMS; do
+            row+=" $(fmt_rate "$(median "$system" "$key" 5)") |"
+            row+=" $(fmt_us "$(median "$system" "$key" 6)") / $(fmt_us "$(median "$system" "$key" 7)") / $(fmt_us "$(median "$system" "$key" 8)") |"
+            row+=" $(median "$system" "$key" 10) |"
+        done
+        echo "$row"
+    done
+}
+
+ratio() { # numerator-system denominator-system case
+    local a b
+    a=$(median "$1" "$3" 5)
+    b=$(median "$2" "$3" 5)
+    awk -v a="$a" -v b="$b" 'BEGIN { if (a=="-" || b=="-" || b==0) print "n/a"; else printf "%.2f", a/b }'
+}
+
+mkdir -p "$ROOT/benches/results"
+OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
+{
+    echo "# axhost vs Redis vs NATS: point-to-point notifications"
+    echo
+    echo "$(date -u +%FT%TZ), ${REPS} rep(s) × ${DURATION} s (+${WARMUP} s warmup) per case, medians."
+    echo "Payload ${SIZE} B; sender i sends its k-th message to receiver (i+k) mod M; servers on CPU"
+    echo "$SERVER_CPU, \`axhost-load\` (one thread) on CPU $LOAD_CPU. msg/s = delivered at receivers in the"
+    echo "window; lost = sent − received after the drain (axhost drops notifications above its 1 MiB"
+    echo "per-connection soft queue)."
+    echo
+    table
+    echo
+    if [[ " $SYSTEMS " == *" axhost "* ]]; then
+        for other in redis nats; do
+            [[ " $SYSTEMS " == *" $other "* ]] || continue
+            echo "- axhost/$other delivered msg/s, 1→1 max: $(ratio axhost "$other" "1x1/max/1")"
+        done
+    fi
+    [ -n "$RSS_LINE" ] && echo "- $RSS_LINE"
+    echo
+    echo "## Machine"
+    echo "- CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1) ($(nproc) CPUs)"
+    echo "- kernel: $(uname -sr)"
+    echo "- $(redis-server --version | head -n 1)"
+    echo "- nats-server $(nats-server --version 2>&1 | head -n 1)"
+    echo "- $(rustc --version)"
+    echo "- axhost commit: $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)$(cd "$ROOT" && git diff --quiet HEAD 2>/dev/null || echo ' (dirty)')"
+    echo
+    echo "## Raw runs"
+    echo
+    echo '```'
+    printf 'system\tcase\trep\tsent/s\tdelivered/s\tp50\tp99\tp99.9\tmax\tlost\n'
+    cat "$RESULTS"
+    echo '```'
+} >"$OUT.tmp"
+mv "$OUT.tmp" "$OUT"
+cat "$OUT"
+log "written to $OUT"

@@ -1,0 +1,678 @@
+//! The measured event loop: one thread, one mio `Poll`, every connection non-blocking.
+//!
+//! Hot path, per message: senders copy a prebuilt frame for the target receiver into their
+//! output buffer, write the 16 hex digits of the stamp in place (and for WebSocket mask the
+//! frame word-wise with a fresh key); receivers parse frames in their read buffer in place and
+//! read the stamp at a fixed offset or after the `@` marker. Nothing is allocated per message:
+//! buffers are sized at start, and a sender holds at most one unwritten batch (a full socket
+//! stops it until the socket is writable again).
+//!
+//! Stamps: flat out, the time the batch was built. At a fixed rate, the time the message was
+//! *scheduled* (start + k / rate), so a sender that falls behind (a full socket, a slow loop)
+//! shows up as latency rather than hiding it (no coordinated omission).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token};
+
+use crate::payload::{self, STAMP_AT};
+use crate::{nats, resp, setup, ws, Args, Rate, Target};
+
+/// Read buffer per connection.
+const IN_BUF: usize = 256 * 1024;
+/// In rate mode, most batches one sender writes in one loop turn while catching up.
+const CATCH_UP_BUDGET: usize = 256;
+/// Reads or writes per connection per loop turn, so one busy socket cannot starve the rest.
+const TURN_BUDGET: usize = 16;
+/// The drain ends early once nothing arrived for this long.
+const DRAIN_IDLE: Duration = Duration::from_millis(500);
+
+/// A prebuilt message to one receiver: the bytes to copy and where the stamp digits go.
+struct Template {
+    /// axhost: the unmasked JSON text of the WebSocket frame; Redis/NATS: the whole command.
+    bytes: Vec<u8>,
+    stamp_at: usize,
+}
+
+struct Conn {
+    stream: TcpStream,
+    sender: bool,
+    idx: usize,
+    inbuf: Box<[u8]>,
+    in_len: usize,
+    out: Vec<u8>,
+    out_head: usize,
+    readable: bool,
+    writable: bool,
+    /// Senders: messages built so far (also the round-robin position).
+    built: u64,
+    rng: ws::Rng,
+}
+
+impl Conn {
+    fn what(&self) -> String {
+        role(self.sender, self.idx)
+    }
+
+    fn pending(&self) -> usize {
+        self.out.len() - self.out_head
+    }
+}
+
+pub struct Report {
+    pub target: Target,
+    pub window_s: f64,
+    pub sent_total: u64,
+    pub recv_total: u64,
+    pub sent_window: u64,
+    pub recv_window: u64,
+    pub unstamped: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub drain_s: f64,
+}
+
+impl Report {
+    pub fn lost(&self) -> u64 {
+        self.sent_total.saturating_sub(self.recv_total)
+    }
+
+    fn rate_label(args: &Args) -> String {
+        match args.rate {
+            Rate::Max => "max".into(),
+            Rate::PerSec(r) => format!("{r:.0}"),
+        }
+    }
+
+    pub fn human(&self, args: &Args) -> String {
+        format!(
+            "{} {}->{} rate={} batch={} size={}B: sent {:.0} msg/s, delivered {:.0} msg/s, \
+             latency p50 {:.1} µs p99 {:.1} µs p99.9 {:.1} µs max {:.1} µs, lost {} of {} \
+             (window {:.1} s, drain {:.2} s)",
+            self.target.name(),
+            args.senders,
+            args.receivers,
+            Self::rate_label(args),
+            args.batch,
+            args.size,
+            self.sent_window as f64 / self.window_s,
+            self.recv_window as f64 / self.window_s,
+            self.p50_us,
+            self.p99_us,
+            self.p999_us,
+            self.max_us,
+            self.lost(),
+            self.sent_total,
+            self.window_s,
+            self.drain_s,
+        )
+    }
+
+    pub fn json(&self, args: &Args) -> String {
+        format!(
+            "{{\"target\":\"{}\",\"senders\":{},\"receivers\":{},\"rate\":\"{}\",\"batch\":{},\
+             \"size\":{},\"window_s\":{:.3},\"sent_per_s\":{:.1},\"delivered_per_s\":{:.1},\
+             \"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"max_us\":{:.1},\
+             \"sent\":{},\"received\":{},\"lost\":{},\"unstamped\":{}}}",
+            self.target.name(),
+            args.senders,
+            args.receivers,
+            Self::rate_label(args),
+            args.batch,
+            args.size,
+            self.window_s,
+            self.sent_window as f64 / self.window_s,
+            self.recv_window as f64 / self.window_s,
+            self.p50_us,
+            self.p99_us,
+            self.p999_us,
+            self.max_us,
+            self.sent_total,
+            self.recv_total,
+            self.lost(),
+            self.unstamped,
+        )
+    }
+}
+
+/// Counters the receive path updates.
+struct Recv {
+    total: u64,
+    window: u64,
+    unstamped: u64,
+    hist: Histogram<u64>,
+    /// Window bounds in ns since the origin.
+    win_start: u64,
+    win_end: u64,
+}
+
+impl Recv {
+    #[inline]
+    fn message(&mut self, msg: &[u8], now: u64) {
+        self.total += 1;
+        if now < self.win_start || now >= self.win_end {
+            return;
+        }
+        self.window += 1;
+        match payload::find_stamp(msg) {
+            Some(t) => self.hist.saturating_record(now.saturating_sub(t).max(1)),
+            None => self.unstamped += 1,
+        }
+    }
+}
+
+/// Builds one template per receiver.
+fn templates(target: Target, size: usize, service_ids: &[String]) -> Vec<Template> {
+    let body = payload::template(size);
+    service_ids
+        .iter()
+        .enumerate()
+        .map(|(j, sid)| {
+            let mut bytes = Vec::new();
+            let at = match target {
+                Target::Axhost => {
+                    bytes.extend_from_slice(
+                        format!(
+                            "{{\"jsonrpc\":\"2.0\",\"method\":\"clientService/notify\",\"params\":{{\
+                             \"channel\":\"x-client-services://\",\"serviceId\":\"{sid}\",\
+                             \"method\":\"load/tick\",\"params\":"
+                        )
+                        .as_bytes(),
+                    );
+                    let at = bytes.len();
+                    bytes.extend_from_slice(&body);
+                    bytes.extend_from_slice(b"}}");
+                    at
+                }
+                Target::Redis => resp::push_publish(&mut bytes, channel(j).as_bytes(), &body),
+                Target::Nats => nats::push_pub(&mut bytes, subject(j).as_bytes(), &body),
+            };
+            Template {
+                bytes,
+                stamp_at: at + STAMP_AT,
+            }
+        })
+        .collect()
+}
+
+fn channel(j: usize) -> String {
+    format!("ch.{j}")
+}
+
+fn subject(j: usize) -> String {
+    format!("s.{j}")
+}
+
+/// Appends one message to `c.out` for receiver `(idx + built) mod M`, stamped `stamp`.
+#[inline]
+fn build_one(target: Target, c: &mut Conn, tpls: &[Template], stamp: u64) {
+    let t = &tpls[(c.idx + c.built as usize) % tpls.len()];
+    c.built += 1;
+    match target {
+        Target::Axhost => {
+            let key = c.rng.next_u32().to_ne_bytes();
+            ws::push_header(&mut c.out, ws::OP_TEXT, t.bytes.len(), key);
+            let at = c.out.len();
+            c.out.extend_from_slice(&t.bytes);
+            payload::write_stamp(&mut c.out[at + t.stamp_at..], stamp);
+            ws::mask(&mut c.out[at..], key);
+        }
+        Target::Redis | Target::Nats => {
+            let at = c.out.len();
+            c.out.extend_from_slice(&t.bytes);
+            payload::write_stamp(&mut c.out[at + t.stamp_at..], stamp);
+        }
+    }
+}
+
+/// Writes pending output until done or the socket is full. `Ok(true)` when all was written.
+fn flush(c: &mut Conn) -> Result<bool, String> {
+    while c.out_head < c.out.len() {
+        match c.stream.write(&c.out[c.out_head..]) {
+            Ok(0) => return Err(format!("{}: connection closed while writing", c.what())),
+            Ok(n) => c.out_head += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                c.writable = false;
+                return Ok(false);
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("{}: write: {e}", c.what())),
+        }
+    }
+    c.out.clear();
+    c.out_head = 0;
+    Ok(true)
+}
+
+/// Makes room before appending to a partly written buffer.
+#[inline]
+fn compact(out: &mut Vec<u8>, head: &mut usize) {
+    if *head > 0 && *head >= out.len() / 2 {
+        out.drain(..*head);
+        *head = 0;
+    }
+}
+
+fn role(sender: bool, idx: usize) -> String {
+    format!("{} {idx}", if sender { "sender" } else { "receiver" })
+}
+
+/// Parses everything complete in `c.inbuf`; keeps a partial tail.
+fn process_input(target: Target, c: &mut Conn, recv: &mut Recv, now: u64) -> Result<(), String> {
+    let Conn {
+        inbuf,
+        in_len,
+        out,
+        out_head,
+        rng,
+        sender,
+        idx,
+        ..
+    } = c;
+    let (sender, idx) = (*sender, *idx);
+    let what = || role(sender, idx);
+    let mut pos = 0;
+    loop {
+        let buf = &mut inbuf[pos..*in_len];
+        let used = match target {
+            Target::Axhost => {
+                let Some(f) = ws::parse(buf).map_err(|e| format!("{}: {e}", what()))? else {
+                    break;
+                };
+                match f.opcode {
+                    ws::OP_TEXT | ws::OP_CONT | ws::OP_BINARY if !sender && f.fin => {
+                        recv.message(&buf[f.start..f.end], now);
+                    }
+                    ws::OP_PING => {
+                        let key = rng.next_u32().to_ne_bytes();
+                        compact(out, out_head);
+                        ws::encode(out, ws::OP_PONG, &buf[f.start..f.end], key);
+                    }
+                    ws::OP_CLOSE => {
+                        let body = &buf[f.start..f.end];
+                        let code = body.get(..2).map(|b| u16::from_be_bytes([b[0], b[1]]));
+                        return Err(format!(
+                            "{}: server closed the WebSocket (code {code:?}, reason {:?})",
+                            what(),
+                            String::from_utf8_lossy(body.get(2..).unwrap_or(&[]))
+                        ));
+                    }
+                    _ => {}
+                }
+                f.end
+            }
+            Target::Redis => {
+                let Some((item, used)) =
+                    resp::parse(buf).map_err(|e| format!("{}: {e}", what()))?
+                else {
+                    break;
+                };
+                match item {
+                    resp::Item::Message(s, e) => recv.message(&buf[s..e], now),
+                    resp::Item::Error(s, e) => {
+                        return Err(format!(
+                            "{}: redis error: {}",
+                            what(),
+                            String::from_utf8_lossy(&buf[s..e])
+                        ));
+                    }
+                    _ => {}
+                }
+                used
+            }
+            Target::Nats => {
+                let Some((item, used)) =
+                    nats::parse(buf).map_err(|e| format!("{}: {e}", what()))?
+                else {
+                    break;
+                };
+                match item {
+                    nats::Item::Msg(s, e) => recv.message(&buf[s..e], now),
+                    nats::Item::Ping => {
+                        compact(out, out_head);
+                        out.extend_from_slice(b"PONG\r\n");
+                    }
+                    nats::Item::Err(s, e) => {
+                        return Err(format!(
+                            "{}: nats error: {}",
+                            what(),
+                            String::from_utf8_lossy(&buf[s..e])
+                        ));
+                    }
+                    _ => {}
+                }
+                used
+            }
+        };
+        pos += used;
+    }
+    if pos > 0 {
+        inbuf.copy_within(pos..*in_len, 0);
+        *in_len -= pos;
+    }
+    Ok(())
+}
+
+/// Reads and processes up to the turn budget; clears `readable` on WouldBlock.
+fn read_turn(target: Target, c: &mut Conn, recv: &mut Recv, origin: Instant) -> Result<(), String> {
+    for _ in 0..TURN_BUDGET {
+        if c.in_len == c.inbuf.len() {
+            return Err(format!(
+                "{}: a message larger than {IN_BUF} bytes",
+                c.what()
+            ));
+        }
+        match c.stream.read(&mut c.inbuf[c.in_len..]) {
+            Ok(0) => return Err(format!("{}: server closed the connection", c.what())),
+            Ok(n) => {
+                c.in_len += n;
+                let now = origin.elapsed().as_nanos() as u64;
+                process_input(target, c, recv, now)?;
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                c.readable = false;
+                return Ok(());
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("{}: read: {e}", c.what())),
+        }
+    }
+    Ok(())
+}
+
+/// Sets up every connection: receivers first, then senders.
+fn connect_all(
+    args: &Args,
+    addr: SocketAddr,
+    token: &str,
+) -> Result<(Vec<Conn>, Vec<String>), String> {
+    let pid = std::process::id();
+    let mut rng = ws::Rng::new(0x9e37_79b9_7f4a_7c15 ^ u64::from(pid) ^ nanos_seed());
+    let mut conns = Vec::new();
+    let mut service_ids = Vec::new();
+    let m = args.receivers as usize;
+    let n = args.senders as usize;
+    for (sender, count) in [(false, m), (true, n)] {
+        for idx in 0..count {
+            let what = format!(
+                "{} {} {idx}",
+                args.target.name(),
+                if sender { "sender" } else { "receiver" }
+            );
+            let ready = match args.target {
+                Target::Axhost => {
+                    let client_id =
+                        format!("axhost-load-{pid}-{}{idx}", if sender { 's' } else { 'r' });
+                    setup::axhost(addr, &args.path, token, what, &client_id, !sender, &mut rng)?
+                }
+                Target::Redis => {
+                    let ch = channel(idx);
+                    setup::redis(addr, what, (!sender).then_some(ch.as_str()))?
+                }
+                Target::Nats => {
+                    let s = subject(idx);
+                    setup::nats(addr, what, (!sender).then_some(s.as_str()))?
+                }
+            };
+            if let Some(id) = ready.service_id {
+                service_ids.push(id);
+            }
+            ready
+                .stream
+                .set_nonblocking(true)
+                .map_err(|e| format!("set non-blocking: {e}"))?;
+            let mut inbuf = vec![0u8; IN_BUF].into_boxed_slice();
+            if ready.leftover.len() > IN_BUF {
+                return Err("over 256 KiB of data before the run started".into());
+            }
+            inbuf[..ready.leftover.len()].copy_from_slice(&ready.leftover);
+            conns.push(Conn {
+                stream: TcpStream::from_std(ready.stream),
+                sender,
+                idx,
+                inbuf,
+                in_len: ready.leftover.len(),
+                out: Vec::new(),
+                out_head: 0,
+                readable: true,
+                writable: true,
+                built: 0,
+                rng: ws::Rng::new(u64::from(rng.next_u32()) << 32 | u64::from(rng.next_u32())),
+            });
+        }
+    }
+    if args.target != Target::Axhost {
+        service_ids = (0..m).map(|j| j.to_string()).collect();
+    }
+    Ok((conns, service_ids))
+}
+
+fn nanos_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String> {
+    let (mut conns, service_ids) = connect_all(args, addr, token)?;
+    let tpls = templates(args.target, args.size as usize, &service_ids);
+    let batch = args.batch as usize;
+    let frame_max = tpls.iter().map(|t| t.bytes.len()).max().unwrap_or(0) + 14;
+    for c in conns.iter_mut() {
+        let cap = if c.sender {
+            batch * frame_max + 4096
+        } else {
+            4096
+        };
+        c.out.reserve(cap);
+    }
+
+    let mut poll = Poll::new().map_err(|e| format!("mio poll: {e}"))?;
+    for (i, c) in conns.iter_mut().enumerate() {
+        poll.registry()
+            .register(
+                &mut c.stream,
+                Token(i),
+                Interest::READABLE | Interest::WRITABLE,
+            )
+            .map_err(|e| format!("register: {e}"))?;
+    }
+    let mut events = Events::with_capacity(1024);
+
+    let origin = Instant::now();
+    let warm = args.warmup.as_nanos() as u64;
+    let gen_end = warm + args.duration.as_nanos() as u64;
+    let drain_max = args.drain.as_nanos() as u64;
+    let hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
+        .map_err(|e| format!("histogram: {e}"))?;
+    let mut recv = Recv {
+        total: 0,
+        window: 0,
+        unstamped: 0,
+        hist,
+        win_start: warm,
+        win_end: gen_end,
+    };
+    let mut sent_total = 0u64;
+    let mut sent_window = 0u64;
+    let n_senders = args.senders as f64;
+    // Rate mode: per-sender interval in ns and a phase offset so senders interleave.
+    let interval = match args.rate {
+        Rate::PerSec(r) => 1e9 * n_senders / r,
+        Rate::Max => 0.0,
+    };
+    let mut last_progress = 0u64;
+    let mut last_recv_total = 0u64;
+
+    loop {
+        let now = origin.elapsed().as_nanos() as u64;
+        let generating = now < gen_end;
+        if !generating {
+            if recv.total != last_recv_total {
+                last_recv_total = recv.total;
+                last_progress = now;
+            }
+            let flushed = conns.iter().all(|c| c.pending() == 0);
+            let idle =
+                now.saturating_sub(last_progress.max(gen_end)) > DRAIN_IDLE.as_nanos() as u64;
+            if (flushed && recv.total >= sent_total) || idle || now >= gen_end + drain_max {
+                break;
+            }
+        }
+
+        // Senders: build and write.
+        let mut next_due = u64::MAX;
+        for c in conns.iter_mut().filter(|c| c.sender) {
+            if !c.writable {
+                continue;
+            }
+            match args.rate {
+                Rate::Max => {
+                    for _ in 0..TURN_BUDGET {
+                        if c.pending() == 0 {
+                            if !generating {
+                                break;
+                            }
+                            let stamp = origin.elapsed().as_nanos() as u64;
+                            for _ in 0..batch {
+                                build_one(args.target, c, &tpls, stamp);
+                            }
+                            sent_total += batch as u64;
+                            if stamp >= warm {
+                                sent_window += batch as u64;
+                            }
+                        }
+                        if !flush(c)? {
+                            break;
+                        }
+                    }
+                }
+                Rate::PerSec(_) => {
+                    let phase = c.idx as f64 / n_senders;
+                    let sched = |k: u64| ((k as f64 + phase) * interval) as u64;
+                    let horizon = now.min(gen_end.saturating_sub(1));
+                    // One write per full batch that is due; a sender that fell behind catches
+                    // up here (its stamps are the scheduled times, so the lag is measured).
+                    for _ in 0..CATCH_UP_BUDGET {
+                        if c.pending() > 0 && !flush(c)? {
+                            break;
+                        }
+                        if !generating || sched(c.built + batch as u64 - 1) > horizon {
+                            break;
+                        }
+                        for _ in 0..batch {
+                            let stamp = sched(c.built);
+                            build_one(args.target, c, &tpls, stamp);
+                            sent_total += 1;
+                            if stamp >= warm {
+                                sent_window += 1;
+                            }
+                        }
+                    }
+                    if generating {
+                        next_due = next_due.min(sched(c.built + batch as u64 - 1));
+                    }
+                }
+            }
+        }
+        // Pongs queued on receivers.
+        for c in conns
+            .iter_mut()
+            .filter(|c| !c.sender && c.pending() > 0 && c.writable)
+        {
+            flush(c)?;
+        }
+        // Reads (receivers and the replies senders get).
+        for c in conns.iter_mut() {
+            if c.readable {
+                read_turn(args.target, c, &mut recv, origin)?;
+            }
+        }
+
+        let busy = conns.iter().any(|c| {
+            c.readable
+                || (c.writable
+                    && c.sender
+                    && (c.pending() > 0 || (args.rate == Rate::Max && generating)))
+        });
+        let timeout = if busy {
+            Duration::ZERO
+        } else if next_due != u64::MAX {
+            let now = origin.elapsed().as_nanos() as u64;
+            let wait = next_due.saturating_sub(now);
+            // epoll sleeps in whole milliseconds: spin for the last stretch.
+            if wait < 1_500_000 {
+                Duration::ZERO
+            } else {
+                Duration::from_nanos(wait - 1_000_000)
+            }
+        } else {
+            Duration::from_millis(5)
+        };
+        match poll.poll(&mut events, Some(timeout)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => return Err(format!("poll: {e}")),
+        }
+        for ev in events.iter() {
+            let Some(c) = conns.get_mut(ev.token().0) else {
+                continue;
+            };
+            if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                c.readable = true;
+            }
+            if ev.is_writable() || ev.is_write_closed() || ev.is_error() {
+                c.writable = true;
+            }
+        }
+    }
+
+    let end = origin.elapsed().as_nanos() as u64;
+    let q = |p: f64| recv.hist.value_at_quantile(p) as f64 / 1000.0;
+    Ok(Report {
+        target: args.target,
+        window_s: args.duration.as_secs_f64().max(1e-9),
+        sent_total,
+        recv_total: recv.total,
+        sent_window,
+        recv_window: recv.window,
+        unstamped: recv.unstamped,
+        p50_us: q(0.5),
+        p99_us: q(0.99),
+        p999_us: q(0.999),
+        max_us: recv.hist.max() as f64 / 1000.0,
+        drain_s: end.saturating_sub(gen_end) as f64 / 1e9,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_carry_identical_payloads() {
+        let ids = vec!["svc_0123".to_owned(), "svc_4567".to_owned()];
+        for target in [Target::Axhost, Target::Redis, Target::Nats] {
+            let t = templates(target, 200, &ids);
+            assert_eq!(t.len(), 2);
+            for tpl in &t {
+                let p = &tpl.bytes[tpl.stamp_at - STAMP_AT..tpl.stamp_at - STAMP_AT + 200];
+                assert_eq!(p, payload::template(200).as_slice(), "{target:?}");
+            }
+        }
+        let ax = templates(Target::Axhost, 200, &ids);
+        let text = String::from_utf8_lossy(&ax[1].bytes);
+        assert!(text.starts_with(
+            "{\"jsonrpc\":\"2.0\",\"method\":\"clientService/notify\",\"params\":{\"channel\":\
+             \"x-client-services://\",\"serviceId\":\"svc_4567\",\"method\":\"load/tick\",\"params\":{"
+        ));
+        assert!(text.ends_with("\"}}}"));
+    }
+}

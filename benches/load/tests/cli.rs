@@ -1,0 +1,157 @@
+//! Black-box checks of the `axhost-load` binary: clear errors (never panics) when the server is
+//! missing, refuses or closes; and, when `AXHOST_BIN` names an `axhost` binary, a short real
+//! run against it. `benches/compare.sh` is the full end-to-end check with Redis and NATS.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+fn load(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_axhost-load"))
+        .args(args)
+        .env_remove("AXHOST_TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run axhost-load")
+}
+
+fn assert_clean_failure(out: &Output, expect: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panicked: {stderr}");
+    assert!(stderr.contains(expect), "expected {expect:?} in: {stderr}");
+}
+
+/// A port nothing listens on (bound, then released).
+fn dead_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+#[test]
+fn connection_refused_is_a_clear_error() {
+    let addr = format!("127.0.0.1:{}", dead_port());
+    for target in ["redis", "nats"] {
+        let out = load(&["--target", target, "--addr", &addr, "--duration", "100ms"]);
+        assert_clean_failure(&out, "cannot connect");
+    }
+    let out = load(&["--target", "axhost", "--addr", &addr, "--token", "x"]);
+    assert_clean_failure(&out, "cannot connect");
+}
+
+#[test]
+fn axhost_without_a_token_is_a_clear_error() {
+    let out = load(&["--target", "axhost", "--addr", "127.0.0.1:1"]);
+    assert_clean_failure(&out, "token");
+}
+
+/// Accepts one connection, optionally writes `reply`, and closes it.
+fn one_shot_server(reply: &'static [u8]) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        if let Ok((mut s, _)) = l.accept() {
+            let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(reply);
+        }
+    });
+    addr
+}
+
+#[test]
+fn server_closing_during_setup_is_a_clear_error() {
+    let addr = one_shot_server(b"");
+    let out = load(&["--target", "nats", "--addr", &addr]);
+    assert_clean_failure(&out, "closed the connection during setup");
+    let addr = one_shot_server(b"");
+    let out = load(&["--target", "redis", "--addr", &addr]);
+    assert_clean_failure(&out, "closed the connection during setup");
+}
+
+#[test]
+fn refused_upgrade_is_a_clear_error() {
+    let addr = one_shot_server(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 0\r\n\r\n");
+    let out = load(&["--target", "axhost", "--addr", &addr, "--token", "wrong"]);
+    assert_clean_failure(&out, "upgrade refused: HTTP/1.1 401 Unauthorized");
+}
+
+/// Runs only when `AXHOST_BIN` points at an `axhost` binary (e.g. target/release/axhost):
+/// a fresh host, two senders and two receivers at 2000 msg/s for one second, nothing lost.
+#[test]
+fn real_axhost_run_when_axhost_bin_is_given() {
+    let Ok(bin) = std::env::var("AXHOST_BIN") else {
+        eprintln!("skipped: set AXHOST_BIN=/path/to/axhost to run against a real host");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("axhost-load-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut host = Command::new(&bin)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start axhost");
+    let stdout = host.stdout.take().expect("stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // Fresh data dir: `connect: ws://IP:PORT/axp?tkn=TOKEN`.
+    let mut connect = None;
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(20)) {
+        if let Some(rest) = line.strip_prefix("connect: ws://") {
+            connect = Some(rest.to_owned());
+            break;
+        }
+    }
+    let result = connect.map(|c| {
+        let (addr, token) = c.split_once("/axp?tkn=").expect("connect line shape");
+        load(&[
+            "--target",
+            "axhost",
+            "--addr",
+            addr,
+            "--token",
+            token,
+            "--senders",
+            "2",
+            "--receivers",
+            "2",
+            "--rate",
+            "2000",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--json",
+        ])
+    });
+    let _ = host.kill();
+    let _ = host.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = result.expect("axhost printed no connect line");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .expect("json line");
+    assert!(json.contains("\"lost\":0,"), "{json}");
+    assert!(json.contains("\"unstamped\":0}"), "{json}");
+    assert!(!json.contains("\"received\":0,"), "{json}");
+}
