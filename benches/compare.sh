@@ -277,7 +277,7 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo "- CPU: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1) ($(nproc) CPUs)"
     echo "- kernel: $(uname -sr)"
     echo "- $(redis-server --version | head -n 1)"
-    echo "- nats-server $(nats-server --version 2>&1 | head -n 1)"
+    echo "- $(nats-server --version 2>&1 | head -n 1)"
     echo "- $(rustc --version)"
     echo "- axhost commit: $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)$(cd "$ROOT" && git diff --quiet HEAD 2>/dev/null || echo ' (dirty)')"
     echo
