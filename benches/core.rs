@@ -41,7 +41,7 @@ impl Bench {
 
     /// Feeds one message, drains every output (acknowledging each frame as flushed) and hands
     /// each frame to `seen`. Returns how many frames went out.
-    fn feed(&mut self, conn: u64, text: &[u8], mut seen: impl FnMut(&Frame)) -> usize {
+    fn feed(&mut self, conn: u64, text: &str, mut seen: impl FnMut(&Frame)) -> usize {
         let now = self.now();
         self.host.handle(
             now,
@@ -67,12 +67,12 @@ impl Bench {
         frames
     }
 
-    fn send(&mut self, conn: u64, text: &[u8]) -> usize {
+    fn send(&mut self, conn: u64, text: &str) -> usize {
         self.feed(conn, text, |_| {})
     }
 
     /// The last frame the message caused, parsed.
-    fn last_frame(&mut self, conn: u64, text: &[u8]) -> Value {
+    fn last_frame(&mut self, conn: u64, text: &str) -> Value {
         let mut last = Value::Null;
         self.feed(conn, text, |f| {
             last = serde_json::from_slice(f.as_bytes()).expect("json")
@@ -91,13 +91,13 @@ impl Bench {
             },
         );
         let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":format!("c{conn}"),"initialSubscriptions":subs}});
-        self.send(conn, init.to_string().as_bytes());
+        self.send(conn, &init.to_string());
     }
 
     fn register(&mut self, conn: u64) -> String {
         let msg = json!({"jsonrpc":"2.0","id":2,"method":"client/registerService","params":{"channel":CATALOG,"metadata":{"protocol":"bench"}}});
         let mut id = String::new();
-        self.feed(conn, msg.to_string().as_bytes(), |f| {
+        self.feed(conn, &msg.to_string(), |f| {
             let v: Value = serde_json::from_slice(f.as_bytes()).expect("json");
             if let Some(s) = v["result"]["serviceId"].as_str() {
                 id = s.to_owned();
@@ -119,11 +119,11 @@ fn notification(c: &mut Criterion) {
     let msg = format!(
         r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{{"channel":"{CATALOG}","serviceId":"{id}","method":"tick","params":{payload}}}}}"#
     );
-    assert_eq!(b.send(2, msg.as_bytes()), 1, "one forwarded frame");
+    assert_eq!(b.send(2, &msg), 1, "one forwarded frame");
     let mut g = c.benchmark_group("notification");
     g.throughput(Throughput::Elements(1));
     g.bench_function("route", |bench| {
-        bench.iter(|| black_box(b.send(2, black_box(msg.as_bytes()))))
+        bench.iter(|| black_box(b.send(2, black_box(msg.as_str()))))
     });
     g.finish();
 }
@@ -138,10 +138,10 @@ fn request(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     g.bench_function("roundtrip", |bench| {
         bench.iter(|| {
-            let forwarded = b.last_frame(2, msg.as_bytes());
+            let forwarded = b.last_frame(2, &msg);
             let host_id = forwarded["id"].as_u64().expect("host id");
             let response = format!(r#"{{"jsonrpc":"2.0","id":{host_id},"result":{{"v":1}}}}"#);
-            black_box(b.send(1, response.as_bytes()))
+            black_box(b.send(1, &response))
         })
     });
     g.finish();
@@ -159,7 +159,7 @@ fn catalog(c: &mut Criterion) {
         bench.iter(|| {
             let id = b.register(1);
             let msg = json!({"jsonrpc":"2.0","id":3,"method":"client/unregisterService","params":{"channel":CATALOG,"serviceId":id}});
-            black_box(b.send(1, msg.to_string().as_bytes()))
+            black_box(b.send(1, &msg.to_string()))
         })
     });
     g.finish();
@@ -169,7 +169,7 @@ fn dispatch(c: &mut Criterion) {
     let mut b = Bench::new();
     b.client(1, &[]);
     let create = json!({"jsonrpc":"2.0","id":2,"method":"createSession","params":{"channel":"ahp-session:/bench"}});
-    b.send(1, create.to_string().as_bytes());
+    b.send(1, &create.to_string());
     for conn in 10..20 {
         b.client(conn, &["ahp-chat:/bench"]);
     }
@@ -182,8 +182,8 @@ fn dispatch(c: &mut Criterion) {
             let turn = format!("t{seq}");
             let start = json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-chat:/bench","clientSeq":seq,"action":{"type":"chat/turnStarted","turnId":turn,"startedAt":"2026-01-01T00:00:00.000Z","message":{"text":"hi","origin":{"kind":"user"}}}}});
             let cancel = json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-chat:/bench","clientSeq":seq+1,"action":{"type":"chat/turnCancelled","turnId":turn,"duration":1}}});
-            b.send(1, start.to_string().as_bytes());
-            black_box(b.send(1, cancel.to_string().as_bytes()))
+            b.send(1, &start.to_string());
+            black_box(b.send(1, &cancel.to_string()))
         })
     });
     g.finish();

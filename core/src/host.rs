@@ -85,8 +85,10 @@ pub enum Input<'a> {
     Message {
         /// The connection it came from.
         conn: ConnId,
-        /// Its bytes (UTF-8 JSON).
-        text: &'a [u8],
+        /// Its text. WebSocket text messages are UTF-8 (RFC 6455 §5.6) and the driver's
+        /// WebSocket layer has already checked that (closing 1007 otherwise), so the core reads
+        /// `&str` and never validates UTF-8 a second time.
+        text: &'a str,
     },
     /// The driver wrote `bytes` of this connection's queued frames to its socket.
     Flushed {
@@ -389,14 +391,22 @@ impl<S: Store> Host<S> {
         self.timers.arm(Timer::Handshake(conn), deadline);
     }
 
-    fn on_message(&mut self, conn: ConnId, text: &[u8]) {
+    fn on_message(&mut self, conn: ConnId, text: &str) {
         let first = match self.conns.get_mut(conn) {
             Some(c) => !std::mem::replace(&mut c.seen_message, true),
             None => return,
         };
         let limits = &self.config.limits;
         let too_big = |method: Option<&str>| text.len() > limits.message_bytes_max_for(method);
-        match wire::parse(text) {
+        if let Some(notify) = wire::parse_compact_notify(text) {
+            // The hot path: the same checks, in the same order, as a notify below.
+            if too_big(Some("clientService/notify")) || !self.is_ready(conn) {
+                self.stats.notifications_dropped += 1;
+                return;
+            }
+            return self.forward_notify(conn, Some(notify));
+        }
+        match wire::parse_text(text) {
             Err(malformed) => self.reply_error(conn, "null", &malformed.to_error()),
             Ok(Message::Request { id, method, params }) => {
                 if too_big(Some(&method)) {
@@ -478,12 +488,14 @@ impl<S: Store> Host<S> {
         }
     }
 
-    fn on_notification(&mut self, conn: ConnId, method: &str, params: Option<&RawValue>) {
-        let ready = self
-            .conns
+    fn is_ready(&self, conn: ConnId) -> bool {
+        self.conns
             .get(conn)
-            .is_some_and(|c| matches!(c.phase, Phase::Ready { .. }));
-        if !ready {
+            .is_some_and(|c| matches!(c.phase, Phase::Ready { .. }))
+    }
+
+    fn on_notification(&mut self, conn: ConnId, method: &str, params: Option<&RawValue>) {
+        if !self.is_ready(conn) {
             self.stats.notifications_dropped += 1;
             return;
         }

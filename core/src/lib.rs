@@ -27,7 +27,7 @@
 //! let mut host = Host::new(HostConfig::default(), MemStore::new(), 7).expect("valid config");
 //! let conn = ConnId(1);
 //! host.handle(Now::at(0), Input::Connected { conn, principal: Arc::new(Principal::maintainer("me")) });
-//! let ping = br#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"channel":"ahp-root://"}}"#;
+//! let ping = r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"channel":"ahp-root://"}}"#;
 //! host.handle(Now::at(1), Input::Message { conn, text: ping });
 //! match host.poll_output() {
 //!     Some(Output::Send { frame, .. }) => assert_eq!(frame.as_str(), r#"{"jsonrpc":"2.0","id":1,"result":null}"#),

@@ -182,16 +182,7 @@ struct ServiceIdParams<'a> {
     service_id: Cow<'a, str>,
 }
 
-/// `clientService/notify` params, borrowed from the frame.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct NotifyParams<'a> {
-    channel: Cow<'a, str>,
-    service_id: Cow<'a, str>,
-    method: Cow<'a, str>,
-    #[serde(borrow)]
-    params: &'a RawValue,
-}
+pub(crate) use crate::wire::NotifyParams;
 
 /// What one catalog change looked like to observers: visible before, visible after.
 struct Visibility {
@@ -454,8 +445,14 @@ impl<S: Store> Host<S> {
         }
     }
 
-    /// `clientService/notify`: forward once or drop silently. Never a reply.
+    /// `clientService/notify` from the general path: forward once or drop silently. Never a reply.
     pub(crate) fn notify_service(&mut self, conn: ConnId, params: Option<&RawValue>) {
+        let parsed = params.and_then(|p| serde_json::from_str(p.get()).ok());
+        self.forward_notify(conn, parsed);
+    }
+
+    /// Forwards parsed notify params once, or drops them, counting either.
+    pub(crate) fn forward_notify(&mut self, conn: ConnId, params: Option<NotifyParams<'_>>) {
         let Some(frame) = self.notification_frame_for(conn, params) else {
             self.stats.notifications_dropped += 1;
             return;
@@ -477,9 +474,9 @@ impl<S: Store> Host<S> {
     fn notification_frame_for(
         &self,
         conn: ConnId,
-        params: Option<&RawValue>,
+        params: Option<NotifyParams<'_>>,
     ) -> Option<(ConnId, crate::Frame)> {
-        let p: NotifyParams<'_> = serde_json::from_str(params?.get()).ok()?;
+        let p = params?;
         let limits = &self.config.limits;
         if p.channel != CATALOG
             || p.method.is_empty()
@@ -570,9 +567,12 @@ pub(crate) fn forward_frame(
 
 /// Appends `s` as a JSON string literal.
 fn push_json_str(out: &mut Vec<u8>, s: &str) {
-    if s.bytes()
-        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b < 0x7f)
-    {
+    // Only quotes, backslashes and control characters need escapes (UTF-8 goes through as is).
+    // No early exit, so the check runs over whole words (ids are short; this is the hot path).
+    let plain = s.bytes().fold(true, |plain, b| {
+        plain & (b >= 0x20) & (b != b'"') & (b != b'\\')
+    });
+    if plain {
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());
         out.push(b'"');

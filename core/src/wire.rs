@@ -84,17 +84,41 @@ where
 
 /// Parses one frame into a message, or says why it is not one.
 pub fn parse(text: &[u8]) -> Result<Message<'_>, Malformed> {
-    let first = text.iter().find(|b| !b.is_ascii_whitespace());
-    if first != Some(&b'{') {
-        return Err(
-            if serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok() {
-                Malformed::NotJsonRpc("Invalid JSON-RPC request: expected one object (no batches)")
-            } else {
-                Malformed::NotJson
-            },
-        );
+    if let Some(malformed) = not_one_object(text) {
+        return Err(malformed);
     }
-    let env: RawEnvelope<'_> = match serde_json::from_slice(text) {
+    classify(text, serde_json::from_slice(text))
+}
+
+/// [`parse`] for text known to be UTF-8 (a WebSocket text message): the same answers, without
+/// checking UTF-8 again for every string and raw value.
+pub fn parse_text(text: &str) -> Result<Message<'_>, Malformed> {
+    if let Some(malformed) = not_one_object(text.as_bytes()) {
+        return Err(malformed);
+    }
+    classify(text.as_bytes(), serde_json::from_str(text))
+}
+
+/// Batches and scalars are JSON but not one JSON-RPC message.
+fn not_one_object(text: &[u8]) -> Option<Malformed> {
+    let first = text.iter().find(|b| !b.is_ascii_whitespace());
+    if first == Some(&b'{') {
+        return None;
+    }
+    Some(
+        if serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok() {
+            Malformed::NotJsonRpc("Invalid JSON-RPC request: expected one object (no batches)")
+        } else {
+            Malformed::NotJson
+        },
+    )
+}
+
+fn classify<'a>(
+    text: &'a [u8],
+    read: serde_json::Result<RawEnvelope<'a>>,
+) -> Result<Message<'a>, Malformed> {
+    let env = match read {
         Ok(env) => env,
         Err(e) if e.is_syntax() || e.is_eof() => return Err(Malformed::NotJson),
         // serde stops at the first wrong type or duplicate key, before it has seen the rest of
@@ -149,6 +173,57 @@ fn valid_id(id: &RawValue) -> bool {
         Some(b'n') => true,
         _ => false,
     }
+}
+
+/// `clientService/notify` params, borrowed from the frame.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NotifyParams<'a> {
+    /// Must be the catalog channel.
+    #[serde(borrow)]
+    pub channel: Cow<'a, str>,
+    /// The target service.
+    #[serde(borrow)]
+    pub service_id: Cow<'a, str>,
+    /// The service's own method name.
+    #[serde(borrow)]
+    pub method: Cow<'a, str>,
+    /// The payload, forwarded byte for byte.
+    #[serde(borrow)]
+    pub params: &'a RawValue,
+}
+
+/// How clients (the official SDKs, `axhost notify`, the load tool) lay out a notify: the
+/// envelope's members first, in this order, without whitespace.
+const COMPACT_NOTIFY_PREFIX: &[u8] = br#"{"jsonrpc":"2.0","method":"clientService/notify","#;
+
+/// A whole `clientService/notify` message with nothing else in it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NotifyMessage<'a> {
+    #[serde(borrow)]
+    jsonrpc: Cow<'a, str>,
+    #[serde(borrow)]
+    method: Cow<'a, str>,
+    #[serde(borrow)]
+    params: NotifyParams<'a>,
+}
+
+/// The notification fast path: a message in the compact layout is read in one pass straight
+/// into its notify params, instead of the envelope first (scanning the payload once to keep
+/// `params` raw) and the params again (scanning it a second time).
+///
+/// `None` sends the message down the general path, which then decides everything: any other
+/// layout, an unknown or duplicate member, an `id` (a request), a wrong type, bad syntax. What
+/// this accepts, the general path would also read as a notify with the same params: the same
+/// `serde_json` reader meets the same bytes at the same nesting depth, and anything that is not
+/// exactly `jsonrpc` + `method` + `params` is refused here (`deny_unknown_fields`).
+pub fn parse_compact_notify(text: &str) -> Option<NotifyParams<'_>> {
+    if !text.as_bytes().starts_with(COMPACT_NOTIFY_PREFIX) {
+        return None;
+    }
+    let message: NotifyMessage<'_> = serde_json::from_str(text).ok()?;
+    (message.jsonrpc == "2.0" && message.method == "clientService/notify").then_some(message.params)
 }
 
 /// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` where `result` is JSON text.
@@ -311,6 +386,48 @@ mod tests {
             parse(br#"{"jsonrpc":5}"#),
             Err(Malformed::NotJsonRpc(_))
         ));
+    }
+
+    #[test]
+    fn compact_notifies_are_read_in_one_pass() {
+        let text = r#"{"jsonrpc":"2.0","method":"clientService/notify","params":{"channel":"x-client-services://","serviceId":"s1","method":"tick","params":{"n":[1,2]}}}"#;
+        let n = parse_compact_notify(text).expect("compact notify");
+        let text = text.to_owned();
+        assert_eq!(n.channel, "x-client-services://");
+        assert_eq!(n.service_id, "s1");
+        assert_eq!(n.method, "tick");
+        assert_eq!(n.params.get(), r#"{"n":[1,2]}"#);
+        // Trailing whitespace is still one message.
+        let mut spaced = text;
+        spaced.push_str(" \n");
+        assert!(parse_compact_notify(&spaced).is_some());
+    }
+
+    #[test]
+    fn anything_but_a_plain_compact_notify_takes_the_general_path() {
+        let p = r#"{"channel":"x-client-services://","serviceId":"s1","method":"tick","params":1}"#;
+        for text in [
+            // A request, not a notification.
+            format!(r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{p},"id":1}}"#),
+            format!(r#"{{"jsonrpc":"2.0","method":"clientService/notify","id":1,"params":{p}}}"#),
+            // Unknown and duplicate members.
+            format!(r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{p},"x":1}}"#),
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{p},"params":{p}}}"#
+            ),
+            format!(
+                r#"{{"jsonrpc":"2.0","method":"clientService/notify","method":"ping","params":{p}}}"#
+            ),
+            // Another layout.
+            format!(r#"{{"method":"clientService/notify","jsonrpc":"2.0","params":{p}}}"#),
+            format!(r#"{{ "jsonrpc":"2.0","method":"clientService/notify","params":{p}}}"#),
+            // Params the notify path refuses, trailing garbage, a cut.
+            r#"{"jsonrpc":"2.0","method":"clientService/notify","params":null}"#.to_owned(),
+            format!(r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{p}}}x"#),
+            format!(r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{p}"#),
+        ] {
+            assert!(parse_compact_notify(&text).is_none(), "{text}");
+        }
     }
 
     #[test]

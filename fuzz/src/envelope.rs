@@ -12,7 +12,10 @@
 //!   null), so clients can read every frame that echoes it; echoed exactly by
 //!   `result_frame` / `error_frame`, whose frames parse back as responses with the same id;
 //! - a method name and params re-encoded with `notification_frame` parse back unchanged;
-//! - raw params, results and error objects are JSON text (`params: null` reads as absent).
+//! - raw params, results and error objects are JSON text (`params: null` reads as absent);
+//! - `parse_text` (what the host uses for WebSocket text) answers exactly as `parse` for UTF-8;
+//! - the notify fast path (`parse_compact_notify`) accepts only what the general path reads as a
+//!   `clientService/notify` notification, with the same channel, service, method and payload.
 
 use axhost_core::error::{RpcError, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
 use axhost_core::wire::{self, Malformed, Message};
@@ -64,7 +67,16 @@ pub enum Parsed {
 
 /// Parses and owns the answer.
 pub fn classify(bytes: &[u8]) -> Parsed {
-    match wire::parse(bytes) {
+    owned(wire::parse(bytes))
+}
+
+/// [`classify`] through `wire::parse_text`, the reader the host uses.
+pub fn classify_text(text: &str) -> Parsed {
+    owned(wire::parse_text(text))
+}
+
+fn owned(parsed: Result<Message<'_>, Malformed>) -> Parsed {
+    match parsed {
         Ok(Message::Request { id, method, params }) => Parsed::Request {
             id: id.get().to_owned(),
             method: method.into_owned(),
@@ -87,6 +99,15 @@ pub fn classify(bytes: &[u8]) -> Parsed {
 
 /// The `envelope` target: checks every property above for one input.
 pub fn check(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        // The host reads WebSocket text (UTF-8) with `parse_text`; it must agree with `parse`.
+        assert_eq!(
+            classify_text(text),
+            classify(data),
+            "parse_text and parse disagree"
+        );
+        check_compact_notify(text);
+    }
     match wire::parse(data) {
         Err(malformed) => check_malformed(data, &malformed),
         Ok(message) => {
@@ -210,4 +231,22 @@ fn check_raw(data: &[u8], raw: &str) {
         start >= base && start + raw.len() <= base + data.len(),
         "raw value not borrowed from the frame"
     );
+}
+
+/// What the one-pass notify reader accepts, the general path reads the same way.
+fn check_compact_notify(text: &str) {
+    let Some(fast) = wire::parse_compact_notify(text) else {
+        return;
+    };
+    let params = match wire::parse_text(text) {
+        Ok(Message::Notification { method, params }) if method == "clientService/notify" => params,
+        other => panic!("the fast path took a notify the general path reads as {other:?}"),
+    };
+    let params = params.expect("the general path lost the params");
+    let slow: wire::NotifyParams<'_> =
+        serde_json::from_str(params.get()).expect("the general path refuses the params");
+    assert_eq!(fast.channel, slow.channel);
+    assert_eq!(fast.service_id, slow.service_id);
+    assert_eq!(fast.method, slow.method);
+    assert_eq!(fast.params.get(), slow.params.get());
 }

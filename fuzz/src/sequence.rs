@@ -666,7 +666,7 @@ impl World {
                 if *init {
                     let at = self.conns.len() - 1;
                     let text = self.render(at, Method::Initialize, 0, [*who, 0, 1, 0], false);
-                    self.send(at, text.as_bytes());
+                    self.send(at, &text);
                 }
             }
             Op::Send { conn, msg } => {
@@ -693,7 +693,7 @@ impl World {
                         String::from_utf8_lossy(&bytes).into_owned()
                     }
                 };
-                self.send(at, text.as_bytes());
+                self.send(at, &text);
             }
             Op::Flush { conn, frames } => {
                 let Some(at) = self.pick(*conn) else { return };
@@ -771,13 +771,13 @@ impl World {
         self.host.handle(self.now, Input::Closed { conn });
     }
 
-    fn send(&mut self, at: usize, text: &[u8]) {
-        self.strict &= envelope::is_strict_json(text);
+    fn send(&mut self, at: usize, text: &str) {
+        self.strict &= envelope::is_strict_json(text.as_bytes());
         let (conn, c) = &self.conns[at];
         let conn = *conn;
         // What the host must answer at once, by raw id ("null" for malformed input).
         let (sync, relayed) = if c.live && !c.closing {
-            match envelope::classify(text) {
+            match envelope::classify(text.as_bytes()) {
                 Parsed::NotJson | Parsed::NotJsonRpc => (Some("null".to_owned()), false),
                 Parsed::Request { id, method, .. } => (Some(id), method == "clientService/request"),
                 _ => (None, false),

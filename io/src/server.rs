@@ -604,7 +604,7 @@ impl<S: Store> Driver<S> {
                         now,
                         Input::Message {
                             conn,
-                            text: text.as_bytes(),
+                            text: text.as_str(),
                         },
                     );
                 }

@@ -493,7 +493,7 @@ impl ServiceModel {
             Input::Message { conn, text } => Cause::Message {
                 conn: *conn,
                 len: text.len(),
-                msg: parse_message(text),
+                msg: parse_message(text.as_bytes()),
             },
             Input::Flushed { .. } => Cause::Flushed,
             Input::Closed { conn } => Cause::Closed(*conn),

@@ -436,7 +436,11 @@ impl World {
 
     fn deliver_to_host(&mut self, conn: ConnId) -> Result<(), Violation> {
         match self.net.pop_to_host(conn) {
-            Some(ToHost::Message(text)) => self.feed(Input::Message { conn, text: &text }),
+            Some(ToHost::Message(text)) => match std::str::from_utf8(&text) {
+                Ok(text) => self.feed(Input::Message { conn, text }),
+                // The driver's WebSocket layer only ever delivers UTF-8 text messages.
+                Err(_) => Err(self.violation("a simulated client sent a non-UTF-8 text message")),
+            },
             Some(ToHost::Closed) => {
                 self.net.remove(conn);
                 self.checker.closed(conn);

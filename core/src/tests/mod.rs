@@ -63,10 +63,10 @@ impl Harness {
     }
 
     fn send(&mut self, conn: u64, msg: &Value) -> Vec<(u64, Value)> {
-        self.send_raw(conn, msg.to_string().as_bytes())
+        self.send_raw(conn, &msg.to_string())
     }
 
-    fn send_raw(&mut self, conn: u64, text: &[u8]) -> Vec<(u64, Value)> {
+    fn send_raw(&mut self, conn: u64, text: &str) -> Vec<(u64, Value)> {
         let now = self.now();
         self.host.handle(
             now,
@@ -170,12 +170,12 @@ fn ping_is_answered_before_initialize_and_other_methods_are_not() {
 fn malformed_frames_get_parse_and_request_errors_with_null_id() {
     let mut h = Harness::new();
     h.connect(1, Principal::maintainer("m"));
-    let out = h.send_raw(1, b"{not json");
+    let out = h.send_raw(1, "{not json");
     assert_eq!(out[0].1["error"]["code"], -32700);
     assert_eq!(out[0].1["id"], Value::Null);
-    let out = h.send_raw(1, b"[1,2]");
+    let out = h.send_raw(1, "[1,2]");
     assert_eq!(out[0].1["error"]["code"], -32600);
-    let out = h.send_raw(1, br#"{"jsonrpc":"2.0","id":1}"#);
+    let out = h.send_raw(1, r#"{"jsonrpc":"2.0","id":1}"#);
     assert_eq!(out[0].1["error"]["code"], -32600);
     h.init(2, Principal::maintainer("m"), "c2", &[]);
     let r = h.request(2, 9, "frobnicate", json!({}));
@@ -605,7 +605,7 @@ fn limits_are_enforced() {
         r#"{{"jsonrpc":"2.0","id":9,"method":"ping","params":{{"channel":"ahp-root://","pad":"{}"}}}}"#,
         "x".repeat(70_000)
     );
-    let out = h.send_raw(1, big.as_bytes());
+    let out = h.send_raw(1, &big);
     assert_eq!(out[0].1["error"]["code"], -32043);
     h.connect(2, Principal::maintainer("m"));
     h.connect(3, Principal::maintainer("m"));
@@ -630,7 +630,7 @@ fn a_slow_consumer_is_closed_not_starved() {
         now,
         Input::Message {
             conn: ConnId(2),
-            text: init.as_bytes(),
+            text: &init,
         },
     );
     // Connection 2 never reports anything flushed.
@@ -643,7 +643,7 @@ fn a_slow_consumer_is_closed_not_starved() {
             now,
             Input::Message {
                 conn: ConnId(1),
-                text: msg.as_bytes(),
+                text: &msg,
             },
         );
         let now = h.now();
@@ -652,7 +652,7 @@ fn a_slow_consumer_is_closed_not_starved() {
             now,
             Input::Message {
                 conn: ConnId(1),
-                text: cancel.as_bytes(),
+                text: &cancel,
             },
         );
         while let Some(o) = h.host.poll_output() {

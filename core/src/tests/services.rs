@@ -42,7 +42,7 @@ impl Harness {
         let text = format!(
             r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{{"channel":"{CATALOG}","serviceId":"{service}","method":"{method}","params":{params}}}}}"#
         );
-        self.send_raw(conn, text.as_bytes())
+        self.send_raw(conn, &text)
     }
 
     fn call(
@@ -222,7 +222,7 @@ fn a_notification_is_one_frame_in_and_one_frame_out_with_params_verbatim() {
         now,
         crate::Input::Message {
             conn: ConnId(2),
-            text: text.as_bytes(),
+            text: text.as_str(),
         },
     );
     match h.host.poll_output() {
@@ -245,8 +245,8 @@ fn undeliverable_notifications_vanish_without_a_trace() {
         h.notify(2, &id, "m", "{}"),                  // invisible to bob
         h.notify(3, "svc_nope", "m", "{}"),           // unknown
         h.notify(3, &id, &long_method, "{}"),         // method over 256 bytes
-        h.send_raw(3, br#"{"jsonrpc":"2.0","method":"clientService/notify","params":{"serviceId":1}}"#), // malformed
-        h.send_raw(3, br#"{"jsonrpc":"2.0","method":"clientService/notify","params":{"channel":"ahp-root://","serviceId":"x","method":"m","params":{}}}"#),
+        h.send_raw(3, r#"{"jsonrpc":"2.0","method":"clientService/notify","params":{"serviceId":1}}"#), // malformed
+        h.send_raw(3, r#"{"jsonrpc":"2.0","method":"clientService/notify","params":{"channel":"ahp-root://","serviceId":"x","method":"m","params":{}}}"#),
     ];
     for (i, out) in cases.iter().enumerate() {
         assert!(out.is_empty(), "case {i} produced traffic: {out:?}");
@@ -281,7 +281,7 @@ fn a_slow_owner_loses_notifications_but_keeps_its_connection() {
             now,
             crate::Input::Message {
                 conn: ConnId(2),
-                text: text.as_bytes(),
+                text: text.as_str(),
             },
         );
         // Owner never flushes.
@@ -687,7 +687,7 @@ fn an_oversized_result_fails_the_request_at_once() {
         r#"{{"jsonrpc":"2.0","id":{hid},"result":"{}"}}"#,
         "x".repeat(1024 * 1024 + 70 * 1024)
     );
-    let out = h.send_raw(1, huge.as_bytes());
+    let out = h.send_raw(1, &huge);
     assert_eq!(
         out,
         vec![(
@@ -701,7 +701,7 @@ fn an_oversized_result_fails_the_request_at_once() {
         r#"{{"jsonrpc":"2.0","id":999,"result":"{}"}}"#,
         "x".repeat(1024 * 1024 + 70 * 1024)
     );
-    assert!(h.send_raw(1, stray.as_bytes()).is_empty());
+    assert!(h.send_raw(1, &stray).is_empty());
 }
 
 #[test]

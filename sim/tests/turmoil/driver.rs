@@ -217,7 +217,7 @@ async fn core_task(
                         now,
                         Input::Message {
                             conn,
-                            text: text.as_bytes(),
+                            text: text.as_str(),
                         },
                     );
                 }
