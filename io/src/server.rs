@@ -428,9 +428,12 @@ impl<S: Store> Driver<S> {
     }
 
     fn on_readable(&mut self, id: u64) {
-        let Some(slot) = self.slots.get(&id) else {
+        let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
+        if let Some(wire) = slot.wire_mut() {
+            wire.start_read_turn();
+        }
         match slot.phase {
             Phase::Head { .. } => self.read_head(id),
             Phase::Open { .. } => self.read_messages(id),
