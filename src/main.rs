@@ -232,6 +232,7 @@ fn serve_store(
         listen,
         credentials: Credentials::new(&cfg.principals),
         allowed_origins: cfg.allowed_origins.clone(),
+        keepalive_ms: cfg.keepalive(),
     };
     serve(host, opts, |addr| {
         let mut out = std::io::stdout().lock();

@@ -4,6 +4,7 @@
 //! ```toml
 //! listen = "127.0.0.1:7331"          # optional
 //! allowed_origins = ["https://x"]    # optional; absent = any Origin
+//! keepalive_ms = 30000               # optional; ping a silent WebSocket, close it after 2x; 0 = off
 //! [limits]                           # optional; any field of axhost_core::Limits
 //! subscriptions_per_conn_max = 256
 //! [[principal]]
@@ -36,6 +37,21 @@ use serde::{Deserialize, Serialize};
 use crate::credentials::{digest_from_hex, to_hex};
 use crate::datadir::CONFIG_FILE;
 
+/// Default keepalive interval: a dead peer is noticed within a minute, and a healthy idle
+/// client sees one 2-byte ping every 30 s.
+pub const KEEPALIVE_MS_DEFAULT: u64 = 30_000;
+
+impl HostFileConfig {
+    /// The keepalive interval to run with, `None` when probing is off.
+    pub fn keepalive(&self) -> Option<u64> {
+        match self.keepalive_ms {
+            None => Some(KEEPALIVE_MS_DEFAULT),
+            Some(0) => None,
+            Some(ms) => Some(ms),
+        }
+    }
+}
+
 /// The parsed and validated contents of `axhost.toml`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HostFileConfig {
@@ -44,6 +60,9 @@ pub struct HostFileConfig {
     /// Origins allowed to open a WebSocket; `None` allows any. A request without `Origin`
     /// (not from a browser) is always allowed.
     pub allowed_origins: Option<Vec<String>>,
+    /// Keepalive interval: a WebSocket silent this long is pinged, one silent twice as long is
+    /// closed. `None` uses [`KEEPALIVE_MS_DEFAULT`]; `Some(0)` turns probing off.
+    pub keepalive_ms: Option<u64>,
     /// Every bound, defaults filled in for fields the file does not set.
     pub limits: Limits,
     /// Principals that may connect, in file order.
@@ -351,6 +370,8 @@ struct RawConfig {
     listen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     allowed_origins: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    keepalive_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "RawLimits::is_empty")]
     limits: RawLimits,
     #[serde(default, rename = "principal", skip_serializing_if = "Vec::is_empty")]
@@ -448,6 +469,7 @@ impl RawConfig {
         RawConfig {
             listen: c.listen.map(|a| a.to_string()),
             allowed_origins: c.allowed_origins.clone(),
+            keepalive_ms: c.keepalive_ms,
             limits: RawLimits::from_limits(&c.limits),
             principals: c
                 .principals
@@ -569,6 +591,7 @@ impl RawConfig {
         Ok(HostFileConfig {
             listen,
             allowed_origins: self.allowed_origins,
+            keepalive_ms: self.keepalive_ms,
             limits,
             principals,
             trust_groups,
@@ -830,5 +853,15 @@ principals = ["alice", "bob"]
             scope_display(&SessionScope::Only(ids)),
             "ahp-session:/a,ahp-session:/b"
         );
+    }
+
+    #[test]
+    fn keepalive_defaults_to_30_s_and_zero_turns_it_off() {
+        let mut c = HostFileConfig::default();
+        assert_eq!(c.keepalive(), Some(KEEPALIVE_MS_DEFAULT));
+        c.keepalive_ms = Some(0);
+        assert_eq!(c.keepalive(), None);
+        c.keepalive_ms = Some(250);
+        assert_eq!(c.keepalive(), Some(250));
     }
 }

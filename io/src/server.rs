@@ -48,6 +48,9 @@ pub struct ServeOptions {
     pub credentials: Credentials,
     /// When set, an upgrade whose `Origin` header is present and not listed gets 403.
     pub allowed_origins: Option<Vec<String>>,
+    /// A WebSocket silent this long gets a ping; silent twice as long, it is closed (1001) and
+    /// the core forgets it, its subscriptions and its services. `None` never probes.
+    pub keepalive_ms: Option<u64>,
 }
 
 /// Runs `host` on `opts.listen` until SIGINT or SIGTERM. Calls `on_ready` with the bound address
@@ -107,8 +110,13 @@ enum Phase {
         head: Vec<u8>,
         deadline_ms: u64,
     },
-    /// A WebSocket the core knows as `ConnId(id)`.
-    Open { ws: Box<WebSocket<Wire>> },
+    /// A WebSocket the core knows as `ConnId(id)`. `heard_ms`: when the peer last sent
+    /// anything; `probe_ms`: its keepalive deadline in `deadlines`, if keepalive is on.
+    Open {
+        ws: Box<WebSocket<Wire>>,
+        heard_ms: u64,
+        probe_ms: Option<u64>,
+    },
     /// Draining its last bytes, then shutting down and waiting for the peer's EOF, until
     /// `deadline_ms`. The core no longer knows it.
     Closing {
@@ -132,7 +140,7 @@ impl Slot {
     fn wire_mut(&mut self) -> Option<&mut Wire> {
         match &mut self.phase {
             Phase::Head { wire, .. } | Phase::Closing { wire, .. } => Some(wire),
-            Phase::Open { ws } => Some(ws.get_mut()),
+            Phase::Open { ws, .. } => Some(ws.get_mut()),
             Phase::Moving => None,
         }
     }
@@ -169,8 +177,10 @@ struct Driver<S: Store> {
     slots: BTreeMap<u64, Slot>,
     /// The next connection id; ids start at 1 and are never reused.
     next_id: u64,
-    /// Head timeouts and closing lingers. Invariant: one entry per `Head` or `Closing` slot.
+    /// Head timeouts, keepalive probes and closing lingers. Invariant: one entry per `Head` or
+    /// `Closing` slot, and per `Open` slot while keepalive is on.
     deadlines: BTreeSet<Deadline>,
+    keepalive_ms: Option<u64>,
     /// Connections to read this turn even without a new readiness event (mio is edge-triggered).
     backlog: BTreeSet<u64>,
     /// Connections with bytes to write this turn.
@@ -213,6 +223,7 @@ impl<S: Store> Driver<S> {
             local_addr,
             credentials: opts.credentials,
             allowed_origins: opts.allowed_origins,
+            keepalive_ms: opts.keepalive_ms.filter(|&ms| ms > 0),
             ws_config,
             clock: Clock {
                 start: std::time::Instant::now(),
@@ -450,8 +461,48 @@ impl<S: Store> Driver<S> {
         match slot.phase {
             Phase::Head { .. } => self.drop_slot(id, "no request head in time", now),
             Phase::Closing { .. } => self.drop_slot(id, "close linger over", now),
-            Phase::Open { .. } | Phase::Moving => {}
+            Phase::Open { .. } => self.keepalive(id, now),
+            Phase::Moving => {}
         }
+    }
+
+    /// A keepalive deadline: probe a silent WebSocket, close one that stayed silent, or look
+    /// again when the interval since it was last heard from runs out. A half-open connection
+    /// (the peer vanished without a FIN or RST) is otherwise never noticed while the host has
+    /// nothing to write to it, and it would hold its subscriptions and services forever.
+    fn keepalive(&mut self, id: u64, now: Now) {
+        let Some(interval) = self.keepalive_ms else {
+            return;
+        };
+        let Some(slot) = self.slots.get_mut(&id) else {
+            return;
+        };
+        let Phase::Open {
+            ws,
+            heard_ms,
+            probe_ms,
+        } = &mut slot.phase
+        else {
+            return;
+        };
+        let silent = now.mono.0.saturating_sub(*heard_ms);
+        let next = if silent >= interval.saturating_mul(2) {
+            *probe_ms = None;
+            tracing::info!(
+                conn = id,
+                silent_ms = silent,
+                "no answer to keepalive pings"
+            );
+            return self.close(id, 1001, "no answer to pings", now);
+        } else if silent >= interval {
+            ws.get_mut().push_ping();
+            self.dirty.insert(id);
+            heard_ms.saturating_add(interval.saturating_mul(2))
+        } else {
+            heard_ms.saturating_add(interval)
+        };
+        *probe_ms = Some(next);
+        self.deadlines.insert((next, id));
     }
 
     /// Reads the request head until it is complete, invalid, or the socket has nothing more.
@@ -524,7 +575,15 @@ impl<S: Store> Driver<S> {
         // Bytes after the head were sent early (frames); tungstenite reads them first.
         let early = head.get(head_len..).map(<[u8]>::to_vec).unwrap_or_default();
         let ws = WebSocket::from_partially_read(wire, early, Role::Server, Some(self.ws_config));
-        slot.phase = Phase::Open { ws: Box::new(ws) };
+        let probe_ms = self.keepalive_ms.map(|ms| now.mono.0.saturating_add(ms));
+        if let Some(at) = probe_ms {
+            self.deadlines.insert((at, id));
+        }
+        slot.phase = Phase::Open {
+            ws: Box::new(ws),
+            heard_ms: now.mono.0,
+            probe_ms,
+        };
         tracing::info!(
             conn = id,
             peer = %slot.peer,
@@ -591,17 +650,20 @@ impl<S: Store> Driver<S> {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
-        let Phase::Open { ws } = &mut slot.phase else {
+        let Phase::Open { ws, heard_ms, .. } = &mut slot.phase else {
             return;
         };
         let conn = ConnId(id);
         let mut budget = MESSAGES_PER_TURN_MAX;
+        let mut heard = false;
         let stop = loop {
             if budget == 0 {
                 break Stop::Budget;
             }
             budget -= 1;
-            match ws.read() {
+            let read = ws.read();
+            heard |= read.is_ok();
+            match read {
                 Ok(Message::Text(text)) => {
                     self.host.handle(
                         now,
@@ -636,6 +698,11 @@ impl<S: Store> Driver<S> {
                 Err(_) => break Stop::Gone("transport error"),
             }
         };
+        if heard {
+            // Any message, pongs included, shows the peer is there; the keepalive deadline
+            // looks at this when it comes (no timer churn per message).
+            *heard_ms = now.mono.0;
+        }
         // Pongs tungstenite wrote while reading wait in the Wire.
         if slot.wire_mut().is_some_and(|w| w.pending_bytes() > 0) {
             self.dirty.insert(id);
@@ -698,7 +765,7 @@ impl<S: Store> Driver<S> {
                     let Some(slot) = self.slots.get_mut(&conn.0) else {
                         continue;
                     };
-                    if let Phase::Open { ws } = &mut slot.phase {
+                    if let Phase::Open { ws, .. } = &mut slot.phase {
                         ws.get_mut().push_text(frame.as_bytes());
                         self.dirty.insert(conn.0);
                     }
@@ -727,9 +794,13 @@ impl<S: Store> Driver<S> {
             // Already closing (the core may close a connection the peer just closed).
             return;
         }
-        let Phase::Open { ws } = std::mem::replace(&mut slot.phase, Phase::Moving) else {
+        let Phase::Open { ws, probe_ms, .. } = std::mem::replace(&mut slot.phase, Phase::Moving)
+        else {
             return;
         };
+        if let Some(at) = probe_ms {
+            self.deadlines.remove(&(at, id));
+        }
         let mut wire = ws.into_inner();
         if let Some((code, reason)) = frame {
             wire.push_close(code, reason);
@@ -814,7 +885,10 @@ impl<S: Store> Driver<S> {
             Phase::Head { deadline_ms, .. } | Phase::Closing { deadline_ms, .. } => {
                 self.deadlines.remove(&(*deadline_ms, id));
             }
-            Phase::Open { .. } => {
+            Phase::Open { probe_ms, .. } => {
+                if let Some(at) = probe_ms {
+                    self.deadlines.remove(&(*at, id));
+                }
                 self.host.handle(now, Input::Closed { conn: ConnId(id) });
             }
             Phase::Moving => {}

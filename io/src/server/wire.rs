@@ -23,6 +23,7 @@ const IDLE_CAPACITY_BYTES_MAX: usize = 256 * 1024;
 /// WebSocket opcodes the host sends itself.
 const OPCODE_TEXT: u8 = 0x1;
 const OPCODE_CLOSE: u8 = 0x8;
+const OPCODE_PING: u8 = 0x9;
 
 /// A close reason must fit a control frame: 125 bytes minus the 2-byte code.
 const CLOSE_REASON_BYTES_MAX: usize = 123;
@@ -78,6 +79,12 @@ impl Wire {
         encode_frame(&mut self.out, OPCODE_TEXT, payload);
         self.appended = self.sent + (self.out.len() - self.head) as u64;
         self.ledger.push_back((self.appended, payload.len() as u64));
+    }
+
+    /// Appends an empty ping (keepalive); its pong is read and dropped by tungstenite.
+    pub(crate) fn push_ping(&mut self) {
+        encode_frame(&mut self.out, OPCODE_PING, &[]);
+        self.appended = self.sent + (self.out.len() - self.head) as u64;
     }
 
     /// Appends a close frame with `code` and `reason` (cut to fit a control frame).
