@@ -1,12 +1,15 @@
-//! Target `websocket`: the HTTP upgrade with credentials, then WebSocket frames, through what the
-//! server uses: `httparse` with the server's bounds, `axhost_io::credentials::token_from_request`
-//! and `Credentials::authenticate`, then tungstenite reading (server role, the server's
-//! `WebSocketConfig`) from an in-memory peer that hands its bytes over in generated chunks across
-//! several loop turns, optionally ending with EOF.
+//! Target `websocket`: the HTTP upgrade with credentials, then WebSocket frames, through the
+//! server's own code: `axhost_io::server::http::{parse_head, route, origin_allowed}` (the head
+//! parser with its bounds, the router, the origin check), `credentials::token_from_request` and
+//! `Credentials::authenticate`, then tungstenite reading (server role, with
+//! `axhost_io::server::ws_config`) from an in-memory peer that hands its bytes over in generated
+//! chunks across several loop turns, optionally ending with EOF.
 //!
-//! `io/src/server/http.rs` keeps its head parser and router private, so [`parse_head`] and
-//! [`route`] repeat them here (same bounds, same order of decisions); the read loop repeats the
-//! error mapping of `Driver::read_messages` in `io/src/server.rs`.
+//! Two pieces are still repeated here rather than shared: the turn structure of
+//! `Driver::read_head` (read into a buffer of at most `HEAD_BYTES_MAX`, parse after each read)
+//! and of `Driver::read_messages` in `io/src/server.rs` with its error mapping (which close code
+//! each tungstenite error becomes) and `MESSAGES_PER_TURN_MAX`. Both are tied to the driver's
+//! mio `Wire`, so the target cannot run them over its in-memory peer; see `fuzz/README.md`.
 //!
 //! Three input modes. *Literal* (the input starts with `G`, `P` or `g`, like a request line): the
 //! input is the byte stream, head and frames. *Raw*: a generated delivery, then the bytes as head
@@ -16,8 +19,9 @@
 //! where a model says which principal authenticates and which messages and which close the
 //! server must produce.
 //!
-//! Checks: no panic; every stop is one the server handles (1002/1003/1007/1009, peer close,
-//! EOF), never an unexpected error; the same bytes give the same transcript whatever the
+//! Checks: no panic; a head is refused only with 400/431 and a request routed away only with
+//! 400/404/426, an upgrade always has a key and a complete head fits the bytes read; every stop
+//! is one the server handles (1002/1003/1007/1009, peer close, EOF), never an unexpected error; the same bytes give the same transcript whatever the
 //! chunking; text messages are within `max_message_size` and go through the `envelope` checks;
 //! what tungstenite writes back (pongs, close reply) is a clean server stream with one pong per
 //! ping; in structured mode the transcript and the principal equal the model's. Memory is bounded
@@ -29,20 +33,18 @@ use std::sync::Arc;
 use arbitrary::{Result as AResult, Unstructured};
 use axhost_core::{Limits, Principal, Role, SessionScope};
 use axhost_io::credentials::{digest, token_from_request, Credentials, TOKEN_CHARS_MIN};
+use axhost_io::server::http::{
+    origin_allowed, parse_head, route, Head, Route, Status, HEAD_BYTES_MAX,
+};
+use axhost_io::server::ws_config;
 use axhost_io::PrincipalEntry;
 use tungstenite::error::ProtocolError;
-use tungstenite::protocol::{Role as WsRole, WebSocketConfig};
+use tungstenite::protocol::Role as WsRole;
 use tungstenite::{Message, WebSocket};
 
 use crate::envelope;
 
-/// `io/src/server/http.rs`: largest request head.
-pub const HEAD_BYTES_MAX: usize = 16 * 1024;
-/// `io/src/server/http.rs`: most header lines.
-const HEADERS_MAX: usize = 64;
-/// `io/src/server.rs`: tungstenite's read buffer per WebSocket.
-const READ_BUFFER_BYTES: usize = 16 * 1024;
-/// `io/src/server.rs`: messages read per connection per loop turn.
+/// `io/src/server.rs` (private there): messages read per connection per loop turn.
 const MESSAGES_PER_TURN_MAX: usize = 64;
 
 /// Tokens the credentials know: two that authenticate, one too short to ever authenticate.
@@ -82,130 +84,6 @@ fn expected_principal(token: &str) -> Option<&'static str> {
         TOKEN_ALICE => Some("alice"),
         TOKEN_BOB => Some("bob"),
         _ => None,
-    }
-}
-
-/// The server's WebSocket configuration for `limits` (`Driver::new` in `io/src/server.rs`).
-pub fn ws_config(limits: &Limits) -> WebSocketConfig {
-    let frame_max = usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX);
-    WebSocketConfig::default()
-        .read_buffer_size(READ_BUFFER_BYTES)
-        .write_buffer_size(0)
-        .max_frame_size(Some(frame_max))
-        .max_message_size(Some(frame_max))
-}
-
-// ─── The HTTP head, as io/src/server/http.rs decides ────────────────────────────────────────
-
-/// A parsed request head.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
-    method: String,
-    path: String,
-    query: Option<String>,
-    version_minor: u8,
-    headers: Vec<(String, String)>,
-}
-
-impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.trim())
-    }
-
-    fn header_has_token(&self, name: &str, token: &str) -> bool {
-        self.headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .flat_map(|(_, v)| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(token))
-    }
-}
-
-/// What the head bytes read so far amount to.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Head {
-    /// Read more.
-    Partial,
-    /// A whole head of `len` bytes.
-    Complete(Request, usize),
-    /// Answer with this status and close.
-    Invalid(u16),
-}
-
-/// `http::parse_head`.
-pub fn parse_head(buf: &[u8]) -> Head {
-    let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
-    let mut req = httparse::Request::new(&mut headers);
-    match req.parse(buf) {
-        Ok(httparse::Status::Partial) if buf.len() >= HEAD_BYTES_MAX => Head::Invalid(431),
-        Ok(httparse::Status::Partial) => Head::Partial,
-        Ok(httparse::Status::Complete(len)) => {
-            let (Some(method), Some(target), Some(version_minor)) =
-                (req.method, req.path, req.version)
-            else {
-                return Head::Invalid(400);
-            };
-            assert!(len <= buf.len(), "head longer than the buffer");
-            let (path, query) = match target.split_once('?') {
-                Some((p, q)) => (p.to_owned(), Some(q.to_owned())),
-                None => (target.to_owned(), None),
-            };
-            let headers = req
-                .headers
-                .iter()
-                .map(|h| {
-                    (
-                        h.name.to_owned(),
-                        String::from_utf8_lossy(h.value).into_owned(),
-                    )
-                })
-                .collect();
-            Head::Complete(
-                Request {
-                    method: method.to_owned(),
-                    path,
-                    query,
-                    version_minor,
-                    headers,
-                },
-                len,
-            )
-        }
-        Err(httparse::Error::TooManyHeaders) => Head::Invalid(431),
-        Err(_) => Head::Invalid(400),
-    }
-}
-
-/// `http::route` and `http::upgrade`: `Ok(key)` for a well-formed upgrade, else a status.
-pub fn route(req: &Request) -> Result<String, u16> {
-    match req.path.as_str() {
-        "/healthz" if req.method == "GET" => return Err(200),
-        "/axp" | "/" if req.method == "GET" => {}
-        _ => return Err(404),
-    }
-    if !req.header_has_token("upgrade", "websocket") {
-        return Err(426);
-    }
-    if req.version_minor < 1 || !req.header_has_token("connection", "upgrade") {
-        return Err(400);
-    }
-    if req.header("sec-websocket-version") != Some("13") {
-        return Err(426);
-    }
-    match req.header("sec-websocket-key") {
-        Some(key) if !key.is_empty() => Ok(key.to_owned()),
-        _ => Err(400),
-    }
-}
-
-/// `http::origin_allowed`.
-fn origin_allowed(allowed: Option<&[String]>, origin: Option<&str>) -> bool {
-    match (allowed, origin) {
-        (Some(list), Some(origin)) => list.iter().any(|a| a.trim().eq_ignore_ascii_case(origin)),
-        _ => true,
     }
 }
 
@@ -410,32 +288,50 @@ pub fn serve(
             }
         }
         Some(Head::Invalid(status)) => {
+            assert!(
+                matches!(status, Status::BadRequest | Status::HeaderFieldsTooLarge),
+                "a head refused with {status:?}"
+            );
             return Run {
-                outcome: Outcome::Refused(status),
+                outcome: Outcome::Refused(status.code()),
                 token: None,
                 written: Vec::new(),
-            }
+            };
         }
         Some(Head::Partial) => unreachable!("partial heads keep reading"),
-        Some(Head::Complete(request, len)) => (request, len),
+        Some(Head::Complete { request, len }) => {
+            assert!(len <= head.len(), "head longer than the buffer");
+            (request, len)
+        }
     };
     // `on_request`: route, token, origin (capacity is the core's business).
-    let token = token_from_request(&request.headers, request.query.as_deref());
-    let refused = |status| Run {
-        outcome: Outcome::Refused(status),
+    let token = token_from_request(request.headers(), request.query());
+    let refused = |status: Status| Run {
+        outcome: Outcome::Refused(status.code()),
         token: token.clone(),
         written: Vec::new(),
     };
-    if let Err(status) = route(&request) {
-        return refused(status);
+    match route(&request) {
+        Route::Health => return refused(Status::Ok),
+        Route::Reject(status) => {
+            assert!(
+                matches!(
+                    status,
+                    Status::BadRequest | Status::NotFound | Status::UpgradeRequired
+                ),
+                "a request routed to {status:?}"
+            );
+            return refused(status);
+        }
+        Route::Upgrade { key } => assert!(!key.is_empty(), "an upgrade without a key"),
     }
     let principal: Option<Arc<Principal>> =
         token.as_deref().and_then(|t| credentials().authenticate(t));
     let Some(principal) = principal else {
-        return refused(401);
+        return refused(Status::Unauthorized);
     };
     if !origin_allowed(origins, request.header("origin")) {
-        return refused(403);
+        return refused(Status::Forbidden);
     }
     let early = head[len..].to_vec();
     let mut ws =

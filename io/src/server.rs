@@ -19,7 +19,7 @@
 //! never reused; only connections that become WebSockets are ever shown to the core. The driver
 //! logs ids, peers, statuses, close codes and byte counts, never payloads or tokens.
 
-mod http;
+pub mod http;
 mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -82,6 +82,19 @@ const DISCARD_READS_PER_TURN_MAX: usize = 16;
 /// tungstenite's read buffer per WebSocket. It is allocated eagerly, so it stays small: at
 /// 2048 connections 16 KiB each is 32 MiB. Larger messages still arrive; they take more reads.
 const READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// The WebSocket configuration the driver gives every connection under `limits`: a 16 KiB
+/// (`READ_BUFFER_BYTES`) read buffer, no write buffer (frames go straight into the `Wire`), and
+/// frames and messages capped at `frame_bytes_max`. Public so the `websocket` fuzz target reads
+/// frames exactly as the server does.
+pub fn ws_config(limits: &axhost_core::Limits) -> WebSocketConfig {
+    let frame_max = usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX);
+    WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(0)
+        .max_frame_size(Some(frame_max))
+        .max_message_size(Some(frame_max))
+}
 
 /// Time a closing connection gets to drain its buffer and see the peer's EOF before it is dropped.
 const CLOSING_LINGER_MS: u64 = 5_000;
@@ -204,12 +217,7 @@ impl<S: Store> Driver<S> {
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
         let limits = host.limits();
-        let frame_max = usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX);
-        let ws_config = WebSocketConfig::default()
-            .read_buffer_size(READ_BUFFER_BYTES)
-            .write_buffer_size(0)
-            .max_frame_size(Some(frame_max))
-            .max_message_size(Some(frame_max));
+        let ws_config = ws_config(limits);
         let out_bytes_max = limits
             .queue_bytes_hard
             .saturating_mul(2)

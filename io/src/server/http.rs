@@ -3,19 +3,28 @@
 //!
 //! Everything here is pure: bytes in, decisions and bytes out. The driver in `server.rs` owns the
 //! sockets, the credentials and the connection count.
+//!
+//! [`parse_head`], [`route`] and [`origin_allowed`] are public so the `websocket` fuzz target
+//! (`fuzz/src/websocket.rs`) runs the server's own decisions rather than a copy. The driver
+//! applies them in this order: [`parse_head`] on the bytes read so far (at most
+//! [`HEAD_BYTES_MAX`]), [`route`] on a complete [`Request`], then the token
+//! (`credentials::token_from_request` and `Credentials::authenticate`, 401), then
+//! [`origin_allowed`] (403), then capacity (503).
 
 use axhost_core::AXP_VERSION;
 
 /// Largest request head the host reads. A head that does not end within it is answered 431.
-pub(crate) const HEAD_BYTES_MAX: usize = 16 * 1024;
+pub const HEAD_BYTES_MAX: usize = 16 * 1024;
 
 /// Most header lines in one request head. More is answered 431.
 const HEADERS_MAX: usize = 64;
 
 /// One parsed request head. Header values that are not UTF-8 are decoded lossily: the host only
 /// compares them with ASCII tokens, so a lossy value can only fail a comparison.
+///
+/// Only [`parse_head`] makes one; outside the crate it is read through its accessors.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Request {
+pub struct Request {
     /// `GET`, `POST`, ...
     pub(crate) method: String,
     /// The path without the query string.
@@ -29,8 +38,34 @@ pub(crate) struct Request {
 }
 
 impl Request {
+    /// The method: `GET`, `POST`, ...
+    pub fn method(&self) -> &str {
+        &self.method
+    }
+
+    /// The path without the query string.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The query string without `?`, when the target had one (possibly empty).
+    pub fn query(&self) -> Option<&str> {
+        self.query.as_deref()
+    }
+
+    /// Minor HTTP version: 1 for HTTP/1.1, 0 for HTTP/1.0.
+    pub fn version_minor(&self) -> u8 {
+        self.version_minor
+    }
+
+    /// Header names and values, in request order, values untrimmed (what
+    /// `credentials::token_from_request` takes).
+    pub fn headers(&self) -> &[(String, String)] {
+        &self.headers
+    }
+
     /// The first value of header `name` (case-insensitive), trimmed.
-    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+    pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -49,7 +84,7 @@ impl Request {
 
 /// What the bytes read so far amount to.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Head {
+pub enum Head {
     /// The head has not ended yet; read more (the caller keeps the buffer under
     /// [`HEAD_BYTES_MAX`]).
     Partial,
@@ -64,8 +99,10 @@ pub(crate) enum Head {
     Invalid(Status),
 }
 
-/// Parses the request head at the start of `buf`.
-pub(crate) fn parse_head(buf: &[u8]) -> Head {
+/// Parses the request head at the start of `buf`. More than 64 header lines, or a head that has
+/// not ended within [`HEAD_BYTES_MAX`] bytes, is [`Status::HeaderFieldsTooLarge`]; anything else
+/// `httparse` refuses is [`Status::BadRequest`].
+pub fn parse_head(buf: &[u8]) -> Head {
     let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
@@ -111,7 +148,7 @@ pub(crate) fn parse_head(buf: &[u8]) -> Head {
 
 /// Where a complete request goes, before credentials and capacity are checked.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Route {
+pub enum Route {
     /// `GET /healthz`.
     Health,
     /// A well-formed WebSocket upgrade on `/axp` or `/`, with its `Sec-WebSocket-Key`.
@@ -123,8 +160,11 @@ pub(crate) enum Route {
     Reject(Status),
 }
 
-/// Routes a request by method, path and upgrade headers.
-pub(crate) fn route(req: &Request) -> Route {
+/// Routes a request by method, path and upgrade headers: `GET /healthz` is [`Route::Health`];
+/// `GET /axp` or `GET /` must be an RFC 6455 version-13 upgrade over HTTP/1.1 (426 without
+/// `Upgrade: websocket` or version 13, 400 without `Connection: upgrade` or a key); anything else
+/// is 404.
+pub fn route(req: &Request) -> Route {
     match req.path.as_str() {
         "/healthz" if req.method == "GET" => Route::Health,
         "/axp" | "/" if req.method == "GET" => upgrade(req),
@@ -153,7 +193,7 @@ fn upgrade(req: &Request) -> Route {
 
 /// Whether `origin` may open a WebSocket. No allow-list, or no `Origin` header (not a browser),
 /// always may. Origins compare ASCII-case-insensitively.
-pub(crate) fn origin_allowed(allowed: Option<&[String]>, origin: Option<&str>) -> bool {
+pub fn origin_allowed(allowed: Option<&[String]>, origin: Option<&str>) -> bool {
     match (allowed, origin) {
         (Some(list), Some(origin)) => list.iter().any(|a| a.trim().eq_ignore_ascii_case(origin)),
         _ => true,
@@ -162,7 +202,7 @@ pub(crate) fn origin_allowed(allowed: Option<&[String]>, origin: Option<&str>) -
 
 /// The statuses the host answers with.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Status {
+pub enum Status {
     /// 200, `/healthz`.
     Ok,
     /// 400, a head that is not HTTP/1.1 or an upgrade missing a required header.
@@ -183,7 +223,7 @@ pub(crate) enum Status {
 
 impl Status {
     /// The numeric code.
-    pub(crate) fn code(self) -> u16 {
+    pub fn code(self) -> u16 {
         match self {
             Status::Ok => 200,
             Status::BadRequest => 400,
