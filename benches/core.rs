@@ -2,7 +2,9 @@
 //! cost per message. Run: `cargo bench --bench core`.
 //!
 //! - `notification/route`: parse one ~200-byte `clientService/notify`, look the service up,
-//!   build the forwarded frame, queue it, and account its flush.
+//!   build the forwarded frame, queue it, and account its flush (the canonical layout).
+//! - `notification/route_general`: the same with the params' members in another order, which
+//!   the general envelope parser reads.
 //! - `request/roundtrip`: `clientService/request` → `handleRequest` → response → result.
 //! - `catalog/fanout_100`: register and unregister a service with 100 catalog observers.
 //! - `dispatch/turn_10_subscribers`: a maintainer's `chat/turnStarted` + `chat/turnCancelled`
@@ -120,10 +122,19 @@ fn notification(c: &mut Criterion) {
         r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{{"channel":"{CATALOG}","serviceId":"{id}","method":"tick","params":{payload}}}}}"#
     );
     assert_eq!(b.send(2, &msg), 1, "one forwarded frame");
+    // The same notify with its members in other orders: no fast path applies, so this is the
+    // general envelope parser plus one pass over the params.
+    let general = format!(
+        r#"{{"method":"clientService/notify","jsonrpc":"2.0","params":{{"channel":"{CATALOG}","method":"tick","params":{payload},"serviceId":"{id}"}}}}"#
+    );
+    assert_eq!(b.send(2, &general), 1, "one forwarded frame");
     let mut g = c.benchmark_group("notification");
     g.throughput(Throughput::Elements(1));
     g.bench_function("route", |bench| {
         bench.iter(|| black_box(b.send(2, black_box(msg.as_str()))))
+    });
+    g.bench_function("route_general", |bench| {
+        bench.iter(|| black_box(b.send(2, black_box(general.as_str()))))
     });
     g.finish();
 }
