@@ -399,8 +399,9 @@ impl<S: Store> Host<S> {
         let limits = &self.config.limits;
         let too_big = |method: Option<&str>| text.len() > limits.message_bytes_max_for(method);
         if let Some(notify) = wire::parse_compact_notify(text) {
-            // The hot path: the same checks, in the same order, as a notify below.
-            if too_big(Some("clientService/notify")) || !self.is_ready(conn) {
+            // The hot path. `forward_notify` drops a notify from a connection still in its
+            // handshake (it needs the sender's client id), so no separate readiness lookup.
+            if too_big(Some("clientService/notify")) {
                 self.stats.notifications_dropped += 1;
                 return;
             }

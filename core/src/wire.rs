@@ -193,8 +193,9 @@ pub struct NotifyParams<'a> {
     pub params: &'a RawValue,
 }
 
-/// How clients (the official SDKs, `axhost notify`, the load tool) lay out a notify: the
-/// envelope's members first, in this order, without whitespace.
+/// The envelope's members first, in this order, without whitespace: how serde-built messages
+/// come out (`axhost notify` and `axhost_io::client`, whose `json!` sorts keys; the load tool;
+/// struct serialization in declaration order).
 const COMPACT_NOTIFY_PREFIX: &[u8] = br#"{"jsonrpc":"2.0","method":"clientService/notify","#;
 
 /// A whole `clientService/notify` message with nothing else in it.

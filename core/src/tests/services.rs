@@ -677,6 +677,30 @@ fn requests_and_registrations_need_a_handshake() {
 }
 
 #[test]
+fn a_notify_before_the_handshake_is_dropped_on_every_path() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "owner", &[]);
+    let id = h.register(1, json!({}));
+    h.connect(2, Principal::maintainer("m"));
+    // The canonical layout (hand-matched), another params order (one serde pass) and another
+    // envelope order (the general parser): none reaches the owner before `initialize`.
+    let canonical = h.notify(2, &id, "m", "{}");
+    let sorted = h.send(2, &json!({"jsonrpc":"2.0","method":"clientService/notify","params":{"channel":CATALOG,"serviceId":id,"method":"m","params":{}}}));
+    let general = h.send_raw(2, &format!(r#"{{"method":"clientService/notify","jsonrpc":"2.0","params":{{"channel":"{CATALOG}","serviceId":"{id}","method":"m","params":{{}}}}}}"#));
+    assert!(canonical.is_empty() && sorted.is_empty() && general.is_empty());
+    assert_eq!(h.host.stats().notifications_dropped, 3);
+    // After it, the same canonical notify is forwarded once.
+    h.send(
+        2,
+        &json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"late"}}),
+    );
+    let out = h.notify(2, &id, "m", "{}");
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].0, 1);
+    assert_eq!(h.host.stats().notifications_forwarded, 1);
+}
+
+#[test]
 fn an_oversized_result_fails_the_request_at_once() {
     let mut h = Harness::new();
     h.init(1, Principal::maintainer("m"), "owner", &[]);
