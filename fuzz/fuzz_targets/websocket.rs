@@ -9,8 +9,8 @@ use libfuzzer_sys::fuzz_target;
 #[global_allocator]
 static ALLOC: Meter = Meter;
 
-/// Default `frame_bytes_max` is 16 MiB; tungstenite reserves up to one frame, assembles up to one
-/// message, and the check copies a message once. Anything above this is unbounded growth.
+/// Default `frame_bytes_max` is 16 MiB; the reader grows its buffer to one frame, assembles up
+/// to one message, and the check copies a message once. Anything above this is unbounded growth.
 const PEAK_BYTES_MAX: usize = 4 * 16 * 1024 * 1024 + (1 << 20);
 
 fuzz_target!(|data: &[u8]| {

@@ -1,15 +1,16 @@
 //! Target `websocket`: the HTTP upgrade with credentials, then WebSocket frames, through the
 //! server's own code: `axhost_io::server::http::{parse_head, route, origin_allowed}` (the head
 //! parser with its bounds, the router, the origin check), `credentials::token_from_request` and
-//! `Credentials::authenticate`, then tungstenite reading (server role, with
-//! `axhost_io::server::ws_config`) from an in-memory peer that hands its bytes over in generated
-//! chunks across several loop turns, optionally ending with EOF.
+//! `Credentials::authenticate`, then the server's own WebSocket reader
+//! (`axhost_io::server::frame_reader`, `FrameReader::read_from`, which also decides every close
+//! code) and the answers it writes (`websocket::encode_answer`), reading from an in-memory peer
+//! that hands its bytes over in generated chunks across several loop turns
+//! (`MESSAGES_PER_TURN_MAX` messages each), optionally ending with EOF.
 //!
-//! Two pieces are still repeated here rather than shared: the turn structure of
-//! `Driver::read_head` (read into a buffer of at most `HEAD_BYTES_MAX`, parse after each read)
-//! and of `Driver::read_messages` in `io/src/server.rs` with its error mapping (which close code
-//! each tungstenite error becomes) and `MESSAGES_PER_TURN_MAX`. Both are tied to the driver's
-//! mio `Wire`, so the target cannot run them over its in-memory peer; see `fuzz/README.md`.
+//! Only the turn structure is repeated here: `Driver::read_head` (read into a buffer of at most
+//! `HEAD_BYTES_MAX`, parse after each read) and the loop of `Driver::read_messages` (a step, its
+//! answer, stop on anything but a message). Both are tied to the driver's mio sockets and its
+//! core, so the target cannot run them over its in-memory peer; see `fuzz/README.md`.
 //!
 //! Three input modes. *Literal* (the input starts with `G`, `P` or `g`, like a request line): the
 //! input is the byte stream, head and frames. *Raw*: a generated delivery, then the bytes as head
@@ -21,11 +22,12 @@
 //!
 //! Checks: no panic; a head is refused only with 400/431 and a request routed away only with
 //! 400/404/426, an upgrade always has a key and a complete head fits the bytes read; every stop
-//! is one the server handles (1002/1003/1007/1009, peer close, EOF), never an unexpected error; the same bytes give the same transcript whatever the
-//! chunking; text messages are within `max_message_size` and go through the `envelope` checks;
-//! what tungstenite writes back (pongs, close reply) is a clean server stream with one pong per
-//! ping; in structured mode the transcript and the principal equal the model's. Memory is bounded
-//! by the frame limit (the fuzz target measures peak allocation around [`check`]).
+//! is one the server handles (1002/1003/1007/1009, peer close, EOF), never an unexpected error;
+//! the same bytes give the same transcript whatever the chunking; text messages are within
+//! `frame_bytes_max` and go through the `envelope` checks; what the server writes back (pongs,
+//! close reply), read by tungstenite as a client, is a clean server stream with one pong per
+//! ping; in structured mode the transcript and the principal equal the model's. Memory is
+//! bounded by the frame limit (the fuzz target measures peak allocation around [`check`]).
 
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -36,16 +38,14 @@ use axhost_io::credentials::{digest, token_from_request, Credentials, TOKEN_CHAR
 use axhost_io::server::http::{
     origin_allowed, parse_head, route, Head, Route, Status, HEAD_BYTES_MAX,
 };
-use axhost_io::server::ws_config;
+use axhost_io::server::websocket::{encode_answer, Step as WsStep};
+use axhost_io::server::{frame_reader, MESSAGES_PER_TURN_MAX};
 use axhost_io::PrincipalEntry;
 use tungstenite::error::ProtocolError;
 use tungstenite::protocol::Role as WsRole;
 use tungstenite::{Message, WebSocket};
 
 use crate::envelope;
-
-/// `io/src/server.rs` (private there): messages read per connection per loop turn.
-const MESSAGES_PER_TURN_MAX: usize = 64;
 
 /// Tokens the credentials know: two that authenticate, one too short to ever authenticate.
 pub const TOKEN_ALICE: &str =
@@ -91,7 +91,8 @@ fn expected_principal(token: &str) -> Option<&'static str> {
 
 /// An in-memory socket. Reads hand out at most one chunk at a time; at the end of each segment
 /// (one loop turn's worth) a read says `WouldBlock` once; after the last segment reads give EOF
-/// or `WouldBlock` forever. Writes are appended, like the server's `Wire`.
+/// or `WouldBlock` forever. Writes (tungstenite's, when `check_written` reads as a client) are
+/// dropped.
 struct Peer {
     data: Vec<u8>,
     pos: usize,
@@ -102,7 +103,6 @@ struct Peer {
     chunks: Vec<usize>,
     chunk: usize,
     eof: bool,
-    out: Vec<u8>,
 }
 
 impl Peer {
@@ -124,7 +124,6 @@ impl Peer {
             chunks,
             chunk: 0,
             eof,
-            out: Vec::new(),
         }
     }
 
@@ -161,7 +160,6 @@ impl Read for Peer {
 
 impl Write for Peer {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.out.extend_from_slice(buf);
         Ok(buf.len())
     }
 
@@ -223,7 +221,7 @@ pub struct Run {
     pub outcome: Outcome,
     /// The token the head carried.
     pub token: Option<String>,
-    /// Bytes tungstenite wrote after the 101 (pongs, close reply).
+    /// Bytes the server wrote after the 101 (pongs, close reply).
     pub written: Vec<u8>,
 }
 
@@ -333,59 +331,60 @@ pub fn serve(
     if !origin_allowed(origins, request.header("origin")) {
         return refused(Status::Forbidden);
     }
-    let early = head[len..].to_vec();
-    let mut ws =
-        WebSocket::from_partially_read(peer, early, WsRole::Server, Some(ws_config(limits)));
+    let mut reader = frame_reader(limits, &head[len..]);
     let max = usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX);
     let mut events = Vec::new();
+    let mut written = Vec::new();
     // `read_messages`, once per turn.
     let stop = loop {
-        let mut budget = MESSAGES_PER_TURN_MAX;
-        let stop = loop {
-            if budget == 0 {
-                break None;
-            }
-            budget -= 1;
-            match ws.read() {
-                Ok(Message::Text(text)) => {
-                    assert!(text.len() <= max, "a text message over max_message_size");
+        let mut stop = None;
+        for _ in 0..MESSAGES_PER_TURN_MAX {
+            let step = reader.read_from(&mut peer);
+            encode_answer(&mut written, &step);
+            match step {
+                WsStep::Text(text) => {
+                    assert!(text.len() <= max, "a text message over frame_bytes_max");
                     envelope::check(text.as_bytes());
-                    events.push(Event::Text(text.as_str().to_owned()));
+                    events.push(Event::Text(text.to_owned()));
                 }
-                Ok(Message::Binary(_)) => break Some(Stop::Close(1003)),
-                Ok(Message::Ping(p)) => {
+                WsStep::Ping(p) => {
                     assert!(p.len() <= 125);
                     events.push(Event::Ping(p.to_vec()));
                 }
-                Ok(Message::Pong(p)) => {
+                WsStep::Pong(p) => {
                     assert!(p.len() <= 125);
                     events.push(Event::Pong(p.to_vec()));
                 }
-                Ok(Message::Frame(_)) => panic!("tungstenite returned a raw frame on read"),
-                Ok(Message::Close(frame)) => {
-                    let _ = ws.flush();
-                    break Some(Stop::PeerClosed(frame.map_or(1005, |f| u16::from(f.code))));
+                WsStep::Close(code) => {
+                    stop = Some(Stop::PeerClosed(code.unwrap_or(1005)));
+                    break;
                 }
-                Err(tungstenite::Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
-                    break Some(Stop::Idle);
+                WsStep::Fail((code, reason)) => {
+                    assert!(
+                        matches!(code, 1002 | 1003 | 1007 | 1009) && !reason.is_empty(),
+                        "closed with {code} {reason:?}"
+                    );
+                    stop = Some(Stop::Close(code));
+                    break;
                 }
-                Err(tungstenite::Error::Capacity(_)) => break Some(Stop::Close(1009)),
-                Err(tungstenite::Error::Utf8(_)) => break Some(Stop::Close(1007)),
-                Err(tungstenite::Error::Protocol(ProtocolError::ResetWithoutClosingHandshake)) => {
-                    break Some(Stop::Eof);
+                WsStep::Drained => {
+                    stop = Some(Stop::Idle);
+                    break;
                 }
-                Err(tungstenite::Error::Protocol(_)) => break Some(Stop::Close(1002)),
-                Err(e) => panic!("the server would drop the connection on {e:?}"),
+                WsStep::Eof => {
+                    stop = Some(Stop::Eof);
+                    break;
+                }
+                WsStep::Error(e) => panic!("the in-memory peer never fails, yet: {e}"),
             }
-        };
+        }
         match stop {
             // The budget ran out: the server reads on next turn.
             None => continue,
-            Some(Stop::Idle) if ws.get_ref().more_turns() => ws.get_mut().next_turn(),
+            Some(Stop::Idle) if peer.more_turns() => peer.next_turn(),
             Some(stop) => break stop,
         }
     };
-    let written = ws.get_ref().out.clone();
     Run {
         outcome: Outcome::Open {
             principal: principal.id.clone(),
@@ -397,7 +396,7 @@ pub fn serve(
     }
 }
 
-/// What tungstenite wrote back must be a clean server stream: one pong per ping, in order, then
+/// What the server wrote back, read by tungstenite as a client, must be a clean server stream: one pong per ping, in order, then
 /// the close reply if the peer closed.
 fn check_written(run: &Run) {
     let Outcome::Open { events, stop, .. } = &run.outcome else {
@@ -500,93 +499,79 @@ impl FrameSpec {
     }
 }
 
-/// The transcript the model expects for these frames.
+/// The transcript the model expects for these frames. Header checks come first, in order
+/// (`io/src/server/websocket.rs`): opcode, RSV bits and mask; control frame rules;
+/// fragmentation; binary; size. Then a frame whose payload never fully arrives stops reading.
 fn model_frames(frames: &[FrameSpec], max: usize, eof: bool) -> (Vec<Event>, Stop) {
     let mut events = Vec::new();
-    // The fragmented message in progress: (is text, bytes so far).
-    let mut incomplete: Option<(bool, Vec<u8>)> = None;
-    let too_long = |have: usize, add: usize| have > max || add > max - have;
+    // The text message being assembled from fragments.
+    let mut incomplete: Option<Vec<u8>> = None;
     // A prefix that can never become UTF-8 (an invalid sequence before the end).
     let utf8_broken =
         |b: &[u8]| matches!(std::str::from_utf8(b), Err(e) if e.error_len().is_some());
     for f in frames {
         let opcode = f.opcode & 15;
-        if matches!(opcode, 3..=7 | 11..=15) {
+        let announced = f.announced();
+        if matches!(opcode, 3..=7 | 11..=15) || f.rsv & 7 != 0 || f.mask.is_none() {
             return (events, Stop::Close(1002));
         }
-        let announced = f.announced();
-        if announced > max as u64 {
-            return (events, Stop::Close(1009));
+        if opcode >= 8 {
+            if !f.fin || announced > 125 {
+                return (events, Stop::Close(1002));
+            }
+        } else {
+            match (opcode, &incomplete) {
+                (0, None) | (1 | 2, Some(_)) => return (events, Stop::Close(1002)),
+                (2, None) => return (events, Stop::Close(1003)),
+                _ => {}
+            }
+            let have = incomplete.as_ref().map_or(0, Vec::len) as u64;
+            if announced > (max as u64).saturating_sub(have) {
+                return (events, Stop::Close(1009));
+            }
         }
         if f.len_form == 3 && announced > f.payload.len() as u64 {
             // The rest never comes.
             return (events, if eof { Stop::Eof } else { Stop::Idle });
         }
-        if f.mask.is_none() || f.rsv & 7 != 0 {
-            return (events, Stop::Close(1002));
-        }
         let p = &f.payload;
-        if opcode >= 8 {
-            if !f.fin || p.len() > 125 {
-                return (events, Stop::Close(1002));
-            }
-            match opcode {
-                8 => {
-                    return match p.len() {
-                        0 => (events, Stop::PeerClosed(1005)),
-                        1 => (events, Stop::Close(1002)),
-                        _ if std::str::from_utf8(&p[2..]).is_err() => (events, Stop::Close(1007)),
-                        _ => {
-                            let code = u16::from_be_bytes([p[0], p[1]]);
-                            (events, Stop::PeerClosed(close_code_reply(code)))
-                        }
+        match opcode {
+            8 => {
+                return match p.len() {
+                    0 => (events, Stop::PeerClosed(1005)),
+                    1 => (events, Stop::Close(1002)),
+                    _ if std::str::from_utf8(&p[2..]).is_err() => (events, Stop::Close(1007)),
+                    _ => {
+                        let code = u16::from_be_bytes([p[0], p[1]]);
+                        (events, Stop::PeerClosed(close_code_reply(code)))
                     }
                 }
-                9 => events.push(Event::Ping(p.clone())),
-                _ => events.push(Event::Pong(p.clone())),
             }
-            continue;
-        }
-        let (text, mut bytes) = match (opcode, incomplete.take()) {
-            (0, None) => return (events, Stop::Close(1002)),
-            (0, Some((text, mut bytes))) => {
-                if too_long(bytes.len(), p.len()) {
-                    return (events, Stop::Close(1009));
-                }
+            9 => events.push(Event::Ping(p.clone())),
+            10 => events.push(Event::Pong(p.clone())),
+            _ => {
+                let mut bytes = incomplete.take().unwrap_or_default();
                 bytes.extend_from_slice(p);
-                (text, bytes)
-            }
-            (_, Some(_)) => return (events, Stop::Close(1002)),
-            (_, None) => {
-                if f.fin {
-                    if p.len() > max {
-                        return (events, Stop::Close(1009));
+                if !f.fin {
+                    if utf8_broken(&bytes) {
+                        return (events, Stop::Close(1007));
                     }
-                } else if too_long(0, p.len()) {
-                    return (events, Stop::Close(1009));
+                    incomplete = Some(bytes);
+                    continue;
                 }
-                (opcode == 1, p.clone())
+                match String::from_utf8(bytes) {
+                    Ok(s) => events.push(Event::Text(s)),
+                    Err(_) => return (events, Stop::Close(1007)),
+                }
             }
-        };
-        if text && utf8_broken(&bytes) {
-            return (events, Stop::Close(1007));
-        }
-        if !f.fin {
-            incomplete = Some((text, std::mem::take(&mut bytes)));
-            continue;
-        }
-        if !text {
-            return (events, Stop::Close(1003));
-        }
-        match String::from_utf8(bytes) {
-            Ok(s) => events.push(Event::Text(s)),
-            Err(_) => return (events, Stop::Close(1007)),
         }
     }
     (events, if eof { Stop::Eof } else { Stop::Idle })
 }
 
-/// The code tungstenite reports for a peer's close: codes not allowed on the wire become 1002.
+/// The code the server echoes for a peer's close: codes not allowed on the wire become 1002.
+/// Written out here rather than taken from `websocket::close_code_allowed`, so the model is
+/// independent of the code under test.
 fn close_code_reply(code: u16) -> u16 {
     if matches!(code, 1000..=1003 | 1007..=1013 | 3000..=4999) {
         code
@@ -956,7 +941,7 @@ fn check_inner(u: &mut Unstructured<'_>) -> AResult<String> {
     } else {
         let mut bytes = Vec::new();
         if u.arbitrary()? {
-            // A valid upgrade, so raw frame bytes reach tungstenite.
+            // A valid upgrade, so raw frame bytes reach the frame reader.
             let token = pick(u, TOKENS)?;
             bytes.extend_from_slice(
                 format!(

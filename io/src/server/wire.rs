@@ -1,11 +1,10 @@
 //! One connection's byte stream: the socket, an outbound buffer the driver drains into it, and
 //! the ledger that turns bytes that reached the socket into `Input::Flushed` counts.
 //!
-//! tungstenite reads and decodes the peer's frames through [`Wire`]'s `Read`. Everything the host
-//! sends goes through the outbound buffer, in stream order: the HTTP response, the text frames
-//! the core emits (encoded here), close frames, and the pongs and close replies tungstenite
-//! writes on its own through [`Wire`]'s `Write` (which only appends, so tungstenite never sees
-//! `WouldBlock` and never holds bytes back). Because one buffer carries everything, the driver
+//! The frame reader (`super::websocket`) reads the peer's bytes through [`Wire`]'s `Read`.
+//! Everything the host sends goes through the outbound buffer, in stream order: the HTTP
+//! response, the text frames the core emits, keepalive pings, pongs and close frames (all
+//! encoded here). Because one buffer carries everything, the driver
 //! knows the exact stream offset at which each core frame ends, and reports a frame flushed once
 //! every byte up to that offset was accepted by the socket: never early, never twice.
 
@@ -20,10 +19,7 @@ const COMPACT_BYTES_MIN: usize = 64 * 1024;
 /// Capacity kept by a drained buffer; a burst larger than this is given back to the allocator.
 const IDLE_CAPACITY_BYTES_MAX: usize = 256 * 1024;
 
-/// WebSocket opcodes the host sends itself.
-const OPCODE_TEXT: u8 = 0x1;
-const OPCODE_CLOSE: u8 = 0x8;
-const OPCODE_PING: u8 = 0x9;
+use super::websocket::{encode_answer, encode_frame, Step, OPCODE_CLOSE, OPCODE_PING, OPCODE_TEXT};
 
 /// A close reason must fit a control frame: 125 bytes minus the 2-byte code.
 const CLOSE_REASON_BYTES_MAX: usize = 123;
@@ -81,9 +77,16 @@ impl Wire {
         self.ledger.push_back((self.appended, payload.len() as u64));
     }
 
-    /// Appends an empty ping (keepalive); its pong is read and dropped by tungstenite.
+    /// Appends an empty ping (keepalive); the reader reports its pong.
     pub(crate) fn push_ping(&mut self) {
         encode_frame(&mut self.out, OPCODE_PING, &[]);
+        self.appended = self.sent + (self.out.len() - self.head) as u64;
+    }
+
+    /// Appends what a step the reader returned must be answered with (a pong for a ping, the
+    /// reply to a close frame), if anything.
+    pub(crate) fn push_answer(&mut self, step: &Step<'_>) {
+        encode_answer(&mut self.out, step);
         self.appended = self.sent + (self.out.len() - self.head) as u64;
     }
 
@@ -159,7 +162,7 @@ impl Wire {
     }
 }
 
-/// tungstenite reads the peer's bytes straight from the socket.
+/// The frame reader reads the peer's bytes straight from the socket.
 ///
 /// Sockets are edge-triggered, so a turn reads until `WouldBlock`. A read that returned less
 /// than it asked for has already emptied the socket, and bytes that arrive later raise a new
@@ -177,40 +180,10 @@ impl Read for Wire {
     }
 }
 
-/// tungstenite's own writes (pongs, close replies) join the outbound buffer in stream order.
-/// Never blocks and never fails, so tungstenite keeps nothing buffered on its side.
-impl Write for Wire {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.push_raw(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Encodes one unfragmented, unmasked frame (RFC 6455 section 5.2; servers never mask).
-fn encode_frame(out: &mut Vec<u8>, opcode: u8, payload: &[u8]) {
-    out.reserve(payload.len() + 10);
-    out.push(0x80 | opcode);
-    match payload.len() {
-        n if n < 126 => out.push(n as u8),
-        n if n <= usize::from(u16::MAX) => {
-            out.push(126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            out.push(127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    out.extend_from_slice(payload);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::websocket::OPCODE_TEXT;
 
     fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -306,7 +279,7 @@ mod tests {
         let (mut wire, mut client) = pair();
         wire.push_raw(b"HTTP/1.1 101 Switching Protocols\r\n\r\n");
         wire.push_text(b"{\"a\":1}");
-        let _ = wire.write(&[0x8A, 0]).expect("a pong from tungstenite");
+        wire.push_answer(&Step::Ping(b""));
         wire.push_text(b"{\"b\":2}");
         assert_eq!(wire.settle(), 0, "nothing reached the socket yet");
         let total = wire.pending_bytes();

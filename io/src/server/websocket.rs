@@ -1,0 +1,696 @@
+//! The server's WebSocket reader (RFC 6455 section 5): frames are parsed where they were read,
+//! unmasked in place, and a whole text frame reaches the core as a `&str` into the read buffer.
+//!
+//! Why not tungstenite here: on the host's hot path its reader was a quarter of the CPU (a
+//! `BytesMut` that zero-fills its read space before every read, a copy of every payload into a
+//! fresh message allocation, and the unmask on that copy). This reader keeps one buffer per
+//! connection, zeroed once, and copies nothing for an unfragmented message. Only fragmented
+//! messages are assembled in a second buffer. The client side (`crate::client`) still uses
+//! tungstenite.
+//!
+//! What the peer may send, and what each violation costs it (the driver closes with the code):
+//!
+//! | frame | outcome |
+//! | --- | --- |
+//! | text, whole or in fragments, valid UTF-8 | [`Step::Text`] |
+//! | ping / pong (≤ 125 bytes, not fragmented) | [`Step::Ping`] (the driver answers with a pong) / [`Step::Pong`] |
+//! | close: empty, or a code and a UTF-8 reason | [`Step::Close`] with the code to echo |
+//! | reserved opcode or RSV bit, unmasked frame, bad fragmentation, control frame over 125 bytes or fragmented, close with a 1-byte payload | 1002 |
+//! | binary | 1003 (the protocol is JSON text) |
+//! | text that is not UTF-8 (as soon as a fragment proves it), close reason not UTF-8 | 1007 |
+//! | a frame or message over the limit (decided from the header, before the payload arrives) | 1009 |
+//!
+//! Header checks run in that order as soon as the whole header is buffered, so a frame that
+//! announces 2 GiB is refused before any of it is read, and the outcome never depends on how
+//! the bytes were split across reads.
+
+use std::io::{self, Read};
+
+/// Read buffer per connection. Allocated and zeroed once at upgrade, so it stays small: at 2048
+/// connections 16 KiB each is 32 MiB. A larger frame grows it for as long as it takes to read.
+pub const READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// Largest control frame payload (RFC 6455 section 5.5).
+const CONTROL_PAYLOAD_MAX: usize = 125;
+
+/// Frame opcodes (RFC 6455 section 5.2).
+pub const OPCODE_CONTINUATION: u8 = 0x0;
+/// A text frame.
+pub const OPCODE_TEXT: u8 = 0x1;
+/// A binary frame.
+pub const OPCODE_BINARY: u8 = 0x2;
+/// A close frame.
+pub const OPCODE_CLOSE: u8 = 0x8;
+/// A ping frame.
+pub const OPCODE_PING: u8 = 0x9;
+/// A pong frame.
+pub const OPCODE_PONG: u8 = 0xA;
+
+/// The code the driver closes with when the peer broke the protocol, and why.
+pub type Violation = (u16, &'static str);
+
+const PROTOCOL: Violation = (1002, "WebSocket protocol error");
+const BINARY: Violation = (1003, "JSON text frames required");
+const NOT_UTF8: Violation = (1007, "Text frames must be UTF-8");
+const TOO_BIG: Violation = (1009, "Frame too large");
+
+/// One step of reading a connection.
+#[derive(Debug)]
+pub enum Step<'a> {
+    /// A complete text message.
+    Text(&'a str),
+    /// A ping; answer with a pong carrying the same payload.
+    Ping(&'a [u8]),
+    /// A pong (the answer to a keepalive ping).
+    Pong(&'a [u8]),
+    /// The peer closed. Echo `Some(code)` (a code not allowed on the wire became 1002), or an
+    /// empty close frame for `None` (the peer gave no code).
+    Close(Option<u16>),
+    /// The peer broke the protocol: close with this code and reason, read nothing more.
+    Fail(Violation),
+    /// The socket has nothing more for now (`WouldBlock`).
+    Drained,
+    /// The peer's EOF (a half-received frame, if any, is lost with it).
+    Eof,
+    /// A socket error other than `WouldBlock` and `Interrupted`.
+    Error(io::Error),
+}
+
+/// What parsing the buffered bytes produced; owns nothing, so the read loop can fill the buffer
+/// again before it lends the payload out.
+enum Parsed {
+    /// A text message in `buf[range]`, not yet checked for UTF-8.
+    Text(usize, usize),
+    /// The assembled fragmented message in `message` (already checked for UTF-8 as it grew).
+    Assembled,
+    Ping(usize, usize),
+    Pong(usize, usize),
+    Close(Option<u16>),
+    Fail(Violation),
+    /// Need more bytes: the current frame (or header) ends `want` bytes after `start`.
+    Incomplete,
+}
+
+/// A fragmented text message being assembled.
+#[derive(Debug, Clone, Copy)]
+struct Fragmented {
+    /// Bytes of `message` known to be a valid UTF-8 prefix (a character may be cut at the end).
+    checked: usize,
+}
+
+/// Reads frames from one connection.
+#[derive(Debug)]
+pub struct FrameReader {
+    /// `buf[start..end]` is read and not yet parsed. `buf.len()` is its capacity: it is zeroed
+    /// once (and when it grows), never before each read.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Bytes from `start` the frame being parsed needs (header, or header and payload).
+    want: usize,
+    /// Fragments of a text message so far.
+    message: Vec<u8>,
+    fragmented: Option<Fragmented>,
+    /// `message` was handed out as the last `Text`; clear it before parsing on.
+    delivered: bool,
+    /// A protocol violation or close frame was read: nothing more is parsed.
+    done: bool,
+    /// Largest frame payload and largest message, in bytes.
+    max: usize,
+}
+
+impl FrameReader {
+    /// A reader for messages up to `max_message_bytes`, starting with bytes that followed the
+    /// HTTP head in the same read.
+    pub fn new(max_message_bytes: usize, early: &[u8]) -> FrameReader {
+        let mut buf = vec![0u8; READ_BUFFER_BYTES.max(early.len())];
+        buf[..early.len()].copy_from_slice(early);
+        FrameReader {
+            buf,
+            start: 0,
+            end: early.len(),
+            want: 0,
+            message: Vec::new(),
+            fragmented: None,
+            delivered: false,
+            done: false,
+            max: max_message_bytes,
+        }
+    }
+
+    /// Bytes read but not yet parsed.
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Bytes held by the reader's buffers (for memory accounting in tests).
+    pub fn capacity(&self) -> usize {
+        self.buf.len() + self.message.capacity()
+    }
+
+    /// The next message or control frame, reading from `src` when the buffer holds no complete
+    /// frame. Reads only until one event is ready, so a caller that stops after N steps leaves
+    /// the rest in the socket (the driver's per-turn budget).
+    pub fn read_from(&mut self, src: &mut impl Read) -> Step<'_> {
+        let parsed = loop {
+            match self.parse() {
+                Parsed::Incomplete => {}
+                parsed => break parsed,
+            }
+            match self.fill(src) {
+                Ok(0) => return Step::Eof,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Drained,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Step::Error(e),
+            }
+        };
+        match parsed {
+            Parsed::Text(from, to) => match std::str::from_utf8(&self.buf[from..to]) {
+                Ok(text) => Step::Text(text),
+                Err(_) => {
+                    self.done = true;
+                    Step::Fail(NOT_UTF8)
+                }
+            },
+            Parsed::Assembled => {
+                self.delivered = true;
+                match std::str::from_utf8(&self.message) {
+                    Ok(text) => Step::Text(text),
+                    Err(_) => {
+                        self.done = true;
+                        Step::Fail(NOT_UTF8)
+                    }
+                }
+            }
+            Parsed::Ping(from, to) => Step::Ping(&self.buf[from..to]),
+            Parsed::Pong(from, to) => Step::Pong(&self.buf[from..to]),
+            Parsed::Close(code) => Step::Close(code),
+            Parsed::Fail(violation) => Step::Fail(violation),
+            Parsed::Incomplete => Step::Drained,
+        }
+    }
+
+    /// Parses buffered frames until one yields an event or the buffer runs out.
+    fn parse(&mut self) -> Parsed {
+        if std::mem::take(&mut self.delivered) {
+            self.message.clear();
+            if self.message.capacity() > READ_BUFFER_BYTES {
+                self.message.shrink_to(READ_BUFFER_BYTES);
+            }
+        }
+        loop {
+            if self.done {
+                // After a close or a violation the driver reads nothing more; say so plainly.
+                return Parsed::Fail(PROTOCOL);
+            }
+            match self.parse_frame() {
+                Some(parsed) => return parsed,
+                None => continue,
+            }
+        }
+    }
+
+    /// One frame: `Some` with what it produced, or `None` for a fragment that was absorbed.
+    fn parse_frame(&mut self) -> Option<Parsed> {
+        let have = &self.buf[self.start..self.end];
+        if have.len() < 2 {
+            self.want = 2;
+            return Some(Parsed::Incomplete);
+        }
+        let (b0, b1) = (have[0], have[1]);
+        let fin = b0 & 0x80 != 0;
+        let rsv = b0 & 0x70;
+        let opcode = b0 & 0x0F;
+        let masked = b1 & 0x80 != 0;
+        let (len, len_bytes) = match b1 & 0x7F {
+            126 => (None, 2),
+            127 => (None, 8),
+            n => (Some(u64::from(n)), 0),
+        };
+        let header = 2 + len_bytes + if masked { 4 } else { 0 };
+        if have.len() < header {
+            self.want = header;
+            return Some(Parsed::Incomplete);
+        }
+        let len = len.unwrap_or_else(|| {
+            let mut be = [0u8; 8];
+            be[8 - len_bytes..].copy_from_slice(&have[2..2 + len_bytes]);
+            u64::from_be_bytes(be)
+        });
+        if let Some(violation) = self.check_header(fin, rsv, opcode, masked, len) {
+            self.done = true;
+            return Some(Parsed::Fail(violation));
+        }
+        // `check_header` bounded `len` by `max` (or 125), so this fits.
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        let total = header + len;
+        if have.len() < total {
+            self.want = total;
+            return Some(Parsed::Incomplete);
+        }
+        let mut key = [0u8; 4];
+        key.copy_from_slice(&have[header - 4..header]);
+        let from = self.start + header;
+        let to = self.start + total;
+        self.start = to;
+        self.want = 0;
+        unmask(&mut self.buf[from..to], key);
+        Some(match opcode {
+            OPCODE_PING => Parsed::Ping(from, to),
+            OPCODE_PONG => Parsed::Pong(from, to),
+            OPCODE_CLOSE => {
+                self.done = true;
+                close_frame(&self.buf[from..to])
+            }
+            OPCODE_TEXT if fin => Parsed::Text(from, to),
+            _ => return self.fragment(fin, from, to),
+        })
+    }
+
+    /// The header checks, in the documented order. `None` when the frame may be read.
+    fn check_header(
+        &self,
+        fin: bool,
+        rsv: u8,
+        opcode: u8,
+        masked: bool,
+        len: u64,
+    ) -> Option<Violation> {
+        let known = matches!(
+            opcode,
+            OPCODE_CONTINUATION
+                | OPCODE_TEXT
+                | OPCODE_BINARY
+                | OPCODE_CLOSE
+                | OPCODE_PING
+                | OPCODE_PONG
+        );
+        // No extension was negotiated, so no RSV bit may be set; clients must mask (5.1).
+        if !known || rsv != 0 || !masked {
+            return Some(PROTOCOL);
+        }
+        if opcode >= OPCODE_CLOSE {
+            return (!fin || len > CONTROL_PAYLOAD_MAX as u64).then_some(PROTOCOL);
+        }
+        match (opcode, self.fragmented) {
+            (OPCODE_CONTINUATION, None) => return Some(PROTOCOL),
+            (OPCODE_TEXT | OPCODE_BINARY, Some(_)) => return Some(PROTOCOL),
+            (OPCODE_BINARY, None) => return Some(BINARY),
+            _ => {}
+        }
+        let so_far = self.message.len() as u64;
+        (len > (self.max as u64).saturating_sub(so_far)).then_some(TOO_BIG)
+    }
+
+    /// A data frame that is part of a fragmented message (a first fragment or a continuation).
+    fn fragment(&mut self, fin: bool, from: usize, to: usize) -> Option<Parsed> {
+        self.message.extend_from_slice(&self.buf[from..to]);
+        let mut state = self.fragmented.unwrap_or(Fragmented { checked: 0 });
+        // Fail as soon as the bytes so far can never become UTF-8 (a character cut at the end
+        // may still be completed by the next fragment).
+        match std::str::from_utf8(&self.message[state.checked..]) {
+            Ok(_) => state.checked = self.message.len(),
+            Err(e) if e.error_len().is_none() && !fin => state.checked += e.valid_up_to(),
+            Err(_) => {
+                self.done = true;
+                return Some(Parsed::Fail(NOT_UTF8));
+            }
+        }
+        if fin {
+            self.fragmented = None;
+            Some(Parsed::Assembled)
+        } else {
+            self.fragmented = Some(state);
+            None
+        }
+    }
+
+    /// Reads once from `src` into the buffer, making room for the frame being parsed.
+    fn fill(&mut self, src: &mut impl Read) -> io::Result<usize> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+            if self.buf.len() > READ_BUFFER_BYTES && self.want <= READ_BUFFER_BYTES {
+                // A large frame is over; give its space back.
+                self.buf.truncate(READ_BUFFER_BYTES);
+                self.buf.shrink_to_fit();
+            }
+        }
+        let want = self.want.max(self.end - self.start + 1);
+        // Move the partial frame to the front when the frame would not fit behind it, or when
+        // the room left is so small that reads would come back short (and cost a syscall each).
+        let cramped = self.buf.len() - self.end < self.buf.len() / 4;
+        if self.start > 0 && (self.start + want > self.buf.len() || cramped) {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if want > self.buf.len() {
+            // Only for a frame whose header passed the size check: bounded by `max` + 14.
+            self.buf.resize(want, 0);
+        }
+        let n = src.read(&mut self.buf[self.end..])?;
+        self.end += n;
+        Ok(n)
+    }
+}
+
+/// Encodes one unfragmented, unmasked frame (servers never mask, section 5.1), with the
+/// shortest length form.
+pub fn encode_frame(out: &mut Vec<u8>, opcode: u8, payload: &[u8]) {
+    out.reserve(payload.len() + 10);
+    out.push(0x80 | opcode);
+    match payload.len() {
+        n if n < 126 => out.push(n as u8),
+        n if n <= usize::from(u16::MAX) => {
+            out.push(126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(payload);
+}
+
+/// Appends what `step` must be answered with on the wire: a pong with the ping's payload, or
+/// the reply to a close frame (its code echoed, or an empty close if it had none). Nothing for
+/// any other step.
+pub fn encode_answer(out: &mut Vec<u8>, step: &Step<'_>) {
+    match step {
+        Step::Ping(payload) => encode_frame(out, OPCODE_PONG, payload),
+        Step::Close(Some(code)) => encode_frame(out, OPCODE_CLOSE, &code.to_be_bytes()),
+        Step::Close(None) => encode_frame(out, OPCODE_CLOSE, &[]),
+        _ => {}
+    }
+}
+
+/// Reads a close frame's payload: nothing, or a 2-byte code and a UTF-8 reason (5.5.1).
+fn close_frame(payload: &[u8]) -> Parsed {
+    match payload {
+        [] => Parsed::Close(None),
+        [_] => Parsed::Fail(PROTOCOL),
+        [hi, lo, reason @ ..] => {
+            if std::str::from_utf8(reason).is_err() {
+                return Parsed::Fail(NOT_UTF8);
+            }
+            let code = u16::from_be_bytes([*hi, *lo]);
+            Parsed::Close(Some(if close_code_allowed(code) {
+                code
+            } else {
+                PROTOCOL.0
+            }))
+        }
+    }
+}
+
+/// Codes a peer may send (RFC 6455 7.4): the defined ones (1004-1006 and 1015 are reserved
+/// for reporting, never sent), then registered and private ranges.
+pub fn close_code_allowed(code: u16) -> bool {
+    matches!(code, 1000..=1003 | 1007..=1013 | 3000..=4999)
+}
+
+/// XORs `payload` with the 4-byte masking key, eight bytes at a time.
+fn unmask(payload: &mut [u8], key: [u8; 4]) {
+    let wide = u64::from_ne_bytes([
+        key[0], key[1], key[2], key[3], key[0], key[1], key[2], key[3],
+    ]);
+    let mut chunks = payload.chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        chunk.copy_from_slice(&(u64::from_ne_bytes(word) ^ wide).to_ne_bytes());
+    }
+    for (i, b) in chunks.into_remainder().iter_mut().enumerate() {
+        *b ^= key[i % 4];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// A masked client frame.
+    fn frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+        raw_frame(u8::from(fin) << 7 | opcode, true, payload)
+    }
+
+    fn raw_frame(b0: u8, masked: bool, payload: &[u8]) -> Vec<u8> {
+        let mut out = vec![b0];
+        let mask_bit = if masked { 0x80 } else { 0 };
+        match payload.len() {
+            n if n < 126 => out.push(mask_bit | n as u8),
+            n if n <= 0xFFFF => {
+                out.push(mask_bit | 126);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+            n => {
+                out.push(mask_bit | 127);
+                out.extend_from_slice(&(n as u64).to_be_bytes());
+            }
+        }
+        let key = [0x37, 0xfa, 0x21, 0x3d];
+        if masked {
+            out.extend_from_slice(&key);
+        }
+        out.extend(
+            payload
+                .iter()
+                .enumerate()
+                .map(|(i, b)| if masked { b ^ key[i % 4] } else { *b }),
+        );
+        out
+    }
+
+    /// A socket that hands out its bytes in fixed-size reads, then `WouldBlock` (or EOF).
+    struct Chunks {
+        data: VecDeque<u8>,
+        size: usize,
+        eof: bool,
+    }
+
+    impl Read for Chunks {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            if self.data.is_empty() {
+                return if self.eof {
+                    Ok(0)
+                } else {
+                    Err(io::ErrorKind::WouldBlock.into())
+                };
+            }
+            let n = buf.len().min(self.size).min(self.data.len());
+            for b in buf.iter_mut().take(n) {
+                *b = self.data.pop_front().unwrap_or(0);
+            }
+            Ok(n)
+        }
+    }
+
+    fn describe(step: &Step<'_>) -> String {
+        match step {
+            Step::Text(t) => format!("text {t}"),
+            Step::Ping(p) => format!("ping {}", String::from_utf8_lossy(p)),
+            Step::Pong(p) => format!("pong {}", String::from_utf8_lossy(p)),
+            Step::Close(code) => format!("close {code:?}"),
+            Step::Fail((code, _)) => format!("fail {code}"),
+            Step::Drained => "drained".into(),
+            Step::Eof => "eof".into(),
+            Step::Error(e) => format!("error {e}"),
+        }
+    }
+
+    /// Everything the reader produces from `bytes`, in reads of `size`, as owned strings.
+    fn transcript(bytes: &[u8], size: usize, max: usize) -> Vec<String> {
+        let mut src = Chunks {
+            data: bytes.iter().copied().collect(),
+            size,
+            eof: true,
+        };
+        let mut reader = FrameReader::new(max, &[]);
+        let mut out = Vec::new();
+        loop {
+            let step = reader.read_from(&mut src);
+            let line = describe(&step);
+            let end = !matches!(
+                step,
+                Step::Text(_) | Step::Ping(_) | Step::Pong(_) | Step::Drained
+            );
+            out.push(line);
+            if end {
+                return out;
+            }
+        }
+    }
+
+    fn all_chunkings(bytes: &[u8], max: usize) -> Vec<String> {
+        let whole = transcript(bytes, usize::MAX, max);
+        for size in [1, 2, 3, 7, 13, 200] {
+            assert_eq!(transcript(bytes, size, max), whole, "reads of {size}");
+        }
+        whole
+    }
+
+    #[test]
+    fn whole_and_fragmented_text_with_control_frames_between() {
+        let mut bytes = frame(true, OPCODE_TEXT, b"{\"a\":1}");
+        bytes.extend(frame(false, OPCODE_TEXT, "h\u{e9}".as_bytes()));
+        bytes.extend(frame(true, OPCODE_PING, b"p"));
+        // The split falls inside a two-byte character.
+        bytes.extend(frame(false, OPCODE_CONTINUATION, &[b'l', 0xC3]));
+        bytes.extend(frame(true, OPCODE_CONTINUATION, &[0xA9, b'!']));
+        bytes.extend(frame(true, OPCODE_PONG, b""));
+        bytes.extend(frame(true, OPCODE_CLOSE, &[0x03, 0xE8, b'o', b'k']));
+        assert_eq!(
+            all_chunkings(&bytes, 1 << 20),
+            [
+                "text {\"a\":1}",
+                "ping p",
+                "text h\u{e9}l\u{e9}!",
+                "pong ",
+                "close Some(1000)"
+            ]
+        );
+    }
+
+    #[test]
+    fn every_length_form_and_a_frame_larger_than_the_buffer() {
+        for n in [0, 125, 126, 65_535, 65_536, 3 * READ_BUFFER_BYTES + 5] {
+            let text = "x".repeat(n);
+            let mut bytes = frame(true, OPCODE_TEXT, text.as_bytes());
+            bytes.extend(frame(true, OPCODE_TEXT, b"after"));
+            let got = transcript(&bytes, 4096, 1 << 20);
+            assert_eq!(got[0], format!("text {text}"), "length {n}");
+            assert_eq!(got[1], "text after");
+            assert_eq!(got[2], "eof");
+        }
+    }
+
+    #[test]
+    fn the_buffer_shrinks_back_after_a_large_frame() {
+        let big = "y".repeat(200_000);
+        let mut src = Chunks {
+            data: frame(true, OPCODE_TEXT, big.as_bytes()).into(),
+            size: usize::MAX,
+            eof: false,
+        };
+        let mut reader = FrameReader::new(1 << 20, &[]);
+        assert!(matches!(reader.read_from(&mut src), Step::Text(t) if t.len() == 200_000));
+        assert!(reader.capacity() > 200_000);
+        src.data.extend(frame(true, OPCODE_TEXT, b"small"));
+        assert_eq!(describe(&reader.read_from(&mut src)), "text small");
+        assert_eq!(reader.capacity(), READ_BUFFER_BYTES);
+    }
+
+    #[test]
+    fn early_bytes_are_read_first() {
+        let early = frame(true, OPCODE_TEXT, b"early");
+        let mut src = Chunks {
+            data: frame(true, OPCODE_TEXT, b"later").into(),
+            size: usize::MAX,
+            eof: false,
+        };
+        let mut reader = FrameReader::new(1024, &early);
+        assert_eq!(describe(&reader.read_from(&mut src)), "text early");
+        assert_eq!(describe(&reader.read_from(&mut src)), "text later");
+        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+    }
+
+    #[test]
+    fn violations_close_with_their_codes() {
+        let max = 1000;
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (raw_frame(0x81, false, b"unmasked"), "fail 1002"),
+            (raw_frame(0xC1, true, b"rsv1"), "fail 1002"),
+            (raw_frame(0x83, true, b"reserved opcode"), "fail 1002"),
+            (raw_frame(0x8B, true, b""), "fail 1002"),
+            (frame(true, OPCODE_BINARY, b"bin"), "fail 1003"),
+            (frame(true, OPCODE_CONTINUATION, b"orphan"), "fail 1002"),
+            (frame(false, OPCODE_PING, b""), "fail 1002"),
+            (frame(true, OPCODE_PING, &[b'p'; 126]), "fail 1002"),
+            (frame(true, OPCODE_TEXT, &[0xFF]), "fail 1007"),
+            (frame(true, OPCODE_TEXT, &[b'x'; 1001]), "fail 1009"),
+            (frame(true, OPCODE_CLOSE, &[0x03]), "fail 1002"),
+            (frame(true, OPCODE_CLOSE, &[0x03, 0xE8, 0xFF]), "fail 1007"),
+            (frame(true, OPCODE_CLOSE, &[0x03, 0xED]), "close Some(1002)"),
+            (frame(true, OPCODE_CLOSE, &[0x0B, 0xB8]), "close Some(3000)"),
+            (frame(true, OPCODE_CLOSE, b""), "close None"),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(all_chunkings(&bytes, max), [want], "{bytes:02x?}");
+        }
+        // Fragments: a text frame inside a fragmented message, a binary start, a message that
+        // grows past the limit, and invalid UTF-8 noticed before the last fragment.
+        let mut interleaved = frame(false, OPCODE_TEXT, b"a");
+        interleaved.extend(frame(true, OPCODE_TEXT, b"b"));
+        assert_eq!(all_chunkings(&interleaved, max), ["fail 1002"]);
+        let mut long = frame(false, OPCODE_TEXT, &[b'x'; 600]);
+        long.extend(frame(true, OPCODE_CONTINUATION, &[b'x'; 401]));
+        assert_eq!(all_chunkings(&long, max), ["fail 1009"]);
+        let mut broken = frame(false, OPCODE_TEXT, &[b'x', 0xC0, 0xAF]);
+        broken.extend(frame(false, OPCODE_CONTINUATION, b"never read"));
+        assert_eq!(all_chunkings(&broken[..9], max), ["fail 1007"]);
+        // A cut character at the end of the last fragment is invalid, not pending.
+        assert_eq!(
+            all_chunkings(&frame(true, OPCODE_TEXT, &[b'x', 0xC3]), max),
+            ["fail 1007"]
+        );
+    }
+
+    #[test]
+    fn an_oversized_header_is_refused_before_its_payload() {
+        let mut header = vec![0x81, 0x80 | 127];
+        header.extend_from_slice(&(1u64 << 40).to_be_bytes());
+        header.extend_from_slice(&[1, 2, 3, 4]);
+        assert_eq!(all_chunkings(&header, 1 << 20), ["fail 1009"]);
+    }
+
+    #[test]
+    fn a_partial_frame_waits_and_eof_ends_it() {
+        let bytes = frame(true, OPCODE_TEXT, b"incomplete");
+        let mut src = Chunks {
+            data: bytes[..8].iter().copied().collect(),
+            size: usize::MAX,
+            eof: false,
+        };
+        let mut reader = FrameReader::new(1024, &[]);
+        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+        assert_eq!(reader.buffered(), 8);
+        src.data.extend(&bytes[8..]);
+        assert_eq!(describe(&reader.read_from(&mut src)), "text incomplete");
+        src.eof = true;
+        assert_eq!(describe(&reader.read_from(&mut src)), "eof");
+    }
+
+    #[test]
+    fn nothing_is_parsed_after_a_close_or_a_violation() {
+        let mut bytes = frame(true, OPCODE_CLOSE, b"");
+        bytes.extend(frame(true, OPCODE_TEXT, b"after close"));
+        let mut src = Chunks {
+            data: bytes.into(),
+            size: usize::MAX,
+            eof: false,
+        };
+        let mut reader = FrameReader::new(1024, &[]);
+        assert_eq!(describe(&reader.read_from(&mut src)), "close None");
+        assert!(matches!(reader.read_from(&mut src), Step::Fail(_)));
+    }
+
+    #[test]
+    fn unmask_matches_the_bytewise_definition() {
+        let key = [1, 2, 3, 250];
+        for n in 0..40 {
+            let data: Vec<u8> = (0..n).map(|i| (i * 7) as u8).collect();
+            let mut fast = data.clone();
+            unmask(&mut fast, key);
+            let slow: Vec<u8> = data
+                .iter()
+                .enumerate()
+                .map(|(i, b)| b ^ key[i % 4])
+                .collect();
+            assert_eq!(fast, slow);
+        }
+    }
+}
