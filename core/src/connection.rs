@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use crate::hash::IdMap;
+
 use crate::limits::Limits;
 use crate::output::{CloseCode, Frame, Outbox, Output};
 use crate::principal::Principal;
@@ -33,6 +35,8 @@ pub(crate) struct Connection {
     pub(crate) queued_bytes: u64,
     /// Whether any message arrived yet (`reconnect` must be the first).
     pub(crate) seen_message: bool,
+    /// The host closed it; its inputs are ignored until the driver reports `Closed`.
+    pub(crate) closing: bool,
 }
 
 /// Why a frame is sent, which decides how the hard queue limit applies to it.
@@ -65,11 +69,10 @@ pub(crate) enum Enqueued {
 
 #[derive(Default)]
 pub(crate) struct Connections {
-    table: BTreeMap<ConnId, Connection>,
+    /// Looked up several times per message, never iterated (fan-out goes by `subscribers`).
+    table: IdMap<ConnId, Connection>,
     /// Channel → subscribers, for fan-out. Invariant: mirrors every `Connection::subscriptions`.
     subscribers: BTreeMap<String, BTreeSet<ConnId>>,
-    /// Connections the host closed; their inputs are ignored until the driver reports `Closed`.
-    closing: BTreeSet<ConnId>,
     /// Closed since the host last looked; it releases what they hold.
     newly_closing: Vec<ConnId>,
 }
@@ -79,12 +82,10 @@ impl Connections {
         self.table.len()
     }
 
-    pub(crate) fn contains(&self, conn: ConnId) -> bool {
-        self.table.contains_key(&conn)
-    }
-
-    pub(crate) fn is_closing(&self, conn: ConnId) -> bool {
-        self.closing.contains(&conn)
+    /// The connection if it is open and not closing: the only state in which its messages
+    /// count.
+    pub(crate) fn live_mut(&mut self, conn: ConnId) -> Option<&mut Connection> {
+        self.table.get_mut(&conn).filter(|c| !c.closing)
     }
 
     pub(crate) fn insert(&mut self, conn: ConnId, principal: Arc<Principal>) {
@@ -96,6 +97,7 @@ impl Connections {
                 subscriptions: BTreeSet::new(),
                 queued_bytes: 0,
                 seen_message: false,
+                closing: false,
             },
         );
         assert!(old.is_none(), "driver reused {conn:?}");
@@ -111,7 +113,6 @@ impl Connections {
 
     /// Forgets `conn` entirely (after the driver reported it closed).
     pub(crate) fn remove(&mut self, conn: ConnId) -> Option<Connection> {
-        self.closing.remove(&conn);
         let c = self.table.remove(&conn)?;
         for channel in &c.subscriptions {
             self.unindex(channel, conn);
@@ -171,10 +172,7 @@ impl Connections {
         class: FrameClass,
         limits: &Limits,
     ) -> Enqueued {
-        if self.closing.contains(&conn) {
-            return Enqueued::Gone;
-        }
-        let Some(c) = self.table.get_mut(&conn) else {
+        let Some(c) = self.table.get_mut(&conn).filter(|c| !c.closing) else {
             return Enqueued::Gone;
         };
         let queued = c.queued_bytes + frame.len() as u64;
@@ -219,16 +217,16 @@ impl Connections {
         code: CloseCode,
         reason: &'static str,
     ) {
-        if self.table.contains_key(&conn) && self.closing.insert(conn) {
-            if let Some(c) = self.table.get_mut(&conn) {
-                // A closing connection receives nothing more, so it observes nothing.
-                let channels = std::mem::take(&mut c.subscriptions);
-                for channel in &channels {
-                    self.unindex(channel, conn);
-                }
-            }
-            self.newly_closing.push(conn);
-            outbox.push(Output::Close { conn, code, reason });
+        let Some(c) = self.table.get_mut(&conn).filter(|c| !c.closing) else {
+            return;
+        };
+        c.closing = true;
+        // A closing connection receives nothing more, so it observes nothing.
+        let channels = std::mem::take(&mut c.subscriptions);
+        for channel in &channels {
+            self.unindex(channel, conn);
         }
+        self.newly_closing.push(conn);
+        outbox.push(Output::Close { conn, code, reason });
     }
 }

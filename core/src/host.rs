@@ -219,12 +219,7 @@ impl<S: Store> Host<S> {
         self.advance(now);
         match input {
             Input::Connected { conn, principal } => self.on_connected(conn, principal),
-            Input::Message { conn, text } => {
-                if self.conns.contains(conn) && !self.conns.is_closing(conn) {
-                    self.stats.messages_in += 1;
-                    self.on_message(conn, text);
-                }
-            }
+            Input::Message { conn, text } => self.on_message(conn, text),
             Input::Flushed { conn, bytes } => self.conns.flushed(conn, bytes),
             Input::Closed { conn } => {
                 self.timers.disarm(Timer::Handshake(conn));
@@ -391,11 +386,13 @@ impl<S: Store> Host<S> {
         self.timers.arm(Timer::Handshake(conn), deadline);
     }
 
+    /// A message from `conn`; ignored unless it is open and not closing.
     fn on_message(&mut self, conn: ConnId, text: &str) {
-        let first = match self.conns.get_mut(conn) {
+        let first = match self.conns.live_mut(conn) {
             Some(c) => !std::mem::replace(&mut c.seen_message, true),
             None => return,
         };
+        self.stats.messages_in += 1;
         let limits = &self.config.limits;
         let too_big = |method: Option<&str>| text.len() > limits.message_bytes_max_for(method);
         if let Some(notify) = wire::parse_compact_notify(text) {

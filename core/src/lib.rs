@@ -41,7 +41,8 @@
 //!
 //! ## Determinism
 //! Randomness comes from one seeded generator built in [`Host::new`]; everything iterated on the
-//! way to an output is ordered (`BTreeMap`, `Vec`). Same config, store contents, seed and inputs:
+//! way to an output is ordered (`BTreeMap`, `Vec`, or sorted first). The hash maps on the hot
+//! path use a fixed hasher and are only looked up, never iterated. Same config, store contents, seed and inputs:
 //! same outputs, byte for byte. The simulator (`axhost-sim`) relies on it.
 //!
 //! ## Errors
@@ -61,6 +62,7 @@ mod connection;
 mod dispatch;
 pub mod error;
 mod handshake;
+mod hash;
 mod host;
 mod limits;
 mod output;
@@ -76,6 +78,7 @@ pub mod wire;
 pub use channel::{valid_id, valid_session_id, ChannelRef, CATALOG, ROOT};
 pub use connection::ConnId;
 pub use error::RpcError;
+pub use hash::{IdHasher, U64Map};
 pub use host::{Host, HostConfig, HostError, Input, Stats};
 pub use limits::Limits;
 pub use output::{CloseCode, Frame, Output};

@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 use crate::channel::CATALOG;
 use crate::connection::{ConnId, Enqueued, FrameClass};
 use crate::error::RpcError;
+use crate::hash::IdMap;
 use crate::host::{parse_params, Host};
 use crate::principal::Principal;
 use crate::store::{Change, Store};
@@ -55,7 +56,8 @@ pub(crate) struct Service {
 /// The registry: services by id, and by owning connection for cleanup.
 #[derive(Debug, Default)]
 pub(crate) struct Services {
-    pub(crate) by_id: BTreeMap<String, Service>,
+    /// Looked up on every notification and request; only iterated (sorted) for the catalog.
+    pub(crate) by_id: IdMap<String, Service>,
     by_conn: BTreeMap<ConnId, BTreeSet<String>>,
     /// Principal id → every principal it shares a trust group with (itself excluded).
     trusted: BTreeMap<String, BTreeSet<String>>,
@@ -81,7 +83,8 @@ impl Services {
 
     /// Whether `viewer` may see and call `service`.
     pub(crate) fn visible(&self, service: &Service, viewer: &Principal) -> bool {
-        if service.principal.id == viewer.id {
+        // Connections of one credential share its `Principal`, so the pointer usually answers.
+        if std::ptr::eq(&*service.principal, viewer) || service.principal.id == viewer.id {
             return true;
         }
         let shares_group = self
@@ -132,12 +135,13 @@ impl Services {
 
     /// The catalog state `viewer` sees: `{services: [...]}`, ordered by id.
     pub(crate) fn catalog_for(&self, viewer: &Principal) -> Value {
-        let services: Vec<Value> = self
+        let mut seen: Vec<(&String, &Service)> = self
             .by_id
             .iter()
             .filter(|(_, s)| self.visible(s, viewer))
-            .map(|(id, s)| entry_json(id, s))
             .collect();
+        seen.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let services: Vec<Value> = seen.into_iter().map(|(id, s)| entry_json(id, s)).collect();
         json!({ "services": services })
     }
 }
