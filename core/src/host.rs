@@ -14,7 +14,7 @@ use crate::channel::{self, ChannelRef, ROOT};
 use crate::connection::{ConnId, Connections, Enqueued, FrameClass, Phase};
 use crate::error::{RpcError, LIMIT, METHOD_NOT_FOUND, PERMISSION_DENIED};
 use crate::limits::{Limits, LimitsError};
-use crate::output::{CloseCode, Frame, Outbox, Output};
+use crate::output::{CloseCode, Frame, FramePool, Outbox, Output};
 use crate::principal::Principal;
 use crate::relay::Relay;
 use crate::sequencer::Sequencer;
@@ -156,6 +156,7 @@ pub struct Host<S: Store> {
     pub(crate) root_state: Value,
     pub(crate) services: Services,
     pub(crate) relay: Relay,
+    pub(crate) frame_pool: FramePool,
     /// Latest `now` seen; `wall_unix_ms` is a high-water mark so timestamps never go back.
     pub(crate) now: Now,
     pub(crate) stats: Stats,
@@ -205,6 +206,7 @@ impl<S: Store> Host<S> {
             root_state: session::root_state(),
             services,
             relay: Relay::default(),
+            frame_pool: FramePool::default(),
             // Timestamps already handed out and stored; new ones never go below them.
             now: Now {
                 mono: Instant(0),
@@ -275,6 +277,13 @@ impl<S: Store> Host<S> {
             }
         }
         self.reap();
+    }
+
+    /// (C) Gives back a frame from `Output::Send` once its bytes were copied out, so its buffer
+    /// is reused for the next forwarded notification. Optional: a frame simply dropped is
+    /// freed.
+    pub fn recycle(&mut self, frame: Frame) {
+        self.frame_pool.give_back(frame);
     }
 
     /// (D) The next decision, in the order the host made them. Drain to `None` before sleeping.

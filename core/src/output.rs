@@ -41,6 +41,57 @@ impl Frame {
     }
 }
 
+/// Spent frame buffers kept for reuse, so the notification path allocates nothing.
+///
+/// The driver hands each frame back with [`crate::Host::recycle`] once it copied the bytes out.
+/// A frame still shared (fan-out to several connections) is simply dropped; the last copy given
+/// back is kept. Bounded in count and per-buffer capacity, so a burst of large frames is not
+/// held on to.
+#[derive(Default, Debug)]
+pub(crate) struct FramePool {
+    spare: Vec<Arc<Vec<u8>>>,
+}
+
+/// Buffers kept; a turn's worth of reuse needs only a few, as the driver recycles each frame
+/// right after its message is handled.
+const POOL_FRAMES_MAX: usize = 64;
+
+/// Larger buffers are freed rather than kept.
+const POOL_FRAME_BYTES_MAX: usize = 4096;
+
+impl FramePool {
+    /// An empty buffer, unshared, with at least `capacity` bytes of room.
+    pub(crate) fn take(&mut self, capacity: usize) -> Arc<Vec<u8>> {
+        match self.spare.pop() {
+            Some(mut buffer) => {
+                if let Some(bytes) = Arc::get_mut(&mut buffer) {
+                    bytes.clear();
+                    bytes.reserve(capacity);
+                }
+                buffer
+            }
+            None => Arc::new(Vec::with_capacity(capacity)),
+        }
+    }
+
+    /// Keeps `frame`'s buffer if nobody else holds it and it is worth keeping.
+    pub(crate) fn give_back(&mut self, frame: Frame) {
+        let mut buffer = frame.0;
+        let keep = self.spare.len() < POOL_FRAMES_MAX
+            && Arc::get_mut(&mut buffer).is_some_and(|b| b.capacity() <= POOL_FRAME_BYTES_MAX);
+        if keep {
+            self.spare.push(buffer);
+        }
+    }
+}
+
+impl Frame {
+    /// Wraps a buffer taken from [`FramePool::take`] and filled.
+    pub(crate) fn from_pool(buffer: Arc<Vec<u8>>) -> Frame {
+        Frame(buffer)
+    }
+}
+
 impl fmt::Debug for Frame {
     // Frames carry application payloads; debug output shows only their size.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -476,7 +476,7 @@ impl<S: Store> Host<S> {
 
     /// Validates a notify and builds the forwarded frame, or `None` to drop it.
     fn notification_frame_for(
-        &self,
+        &mut self,
         conn: ConnId,
         params: Option<NotifyParams<'_>>,
     ) -> Option<(ConnId, crate::Frame)> {
@@ -495,9 +495,11 @@ impl<S: Store> Host<S> {
             crate::connection::Phase::Handshake => return None,
         };
         let service = self.services.lookup(&p.service_id, &c.principal)?;
+        let buffer = self.frame_pool.take(0);
         Some((
             service.owner,
             forward_frame(
+                buffer,
                 "clientService/notification",
                 None,
                 &p.service_id,
@@ -540,7 +542,11 @@ fn json_depth(text: &str) -> usize {
 
 /// Builds `{"jsonrpc":"2.0",["id":ID,]"method":M,"params":{"channel":..,"serviceId":..,
 /// "senderClientId":..,"method":..,"params":RAW}}` in one buffer, copying `params` as received.
+/// Builds the frame a service owner receives, in `buffer` (fresh, or from the frame pool).
+/// `service_id` must be a registered id and `sender` a bound client id: both are plain ASCII by
+/// construction (`new_service_id`, `channel::valid_id`), so they are written without escaping.
 pub(crate) fn forward_frame(
+    mut buffer: Arc<Vec<u8>>,
     wire_method: &str,
     id: Option<u64>,
     service_id: &str,
@@ -549,8 +555,21 @@ pub(crate) fn forward_frame(
     params: &RawValue,
 ) -> crate::Frame {
     let raw = params.get();
-    let mut out =
-        Vec::with_capacity(160 + service_id.len() + sender.len() + method.len() + raw.len());
+    let need = 160 + service_id.len() + sender.len() + method.len() + raw.len();
+    let Some(out) = Arc::get_mut(&mut buffer) else {
+        // Pool buffers are never shared; a fresh one if that ever changes.
+        return forward_frame(
+            Arc::new(Vec::new()),
+            wire_method,
+            id,
+            service_id,
+            sender,
+            method,
+            params,
+        );
+    };
+    out.clear();
+    out.reserve(need);
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",");
     if let Some(id) = id {
         out.extend_from_slice(format!("\"id\":{id},").as_bytes());
@@ -558,15 +577,27 @@ pub(crate) fn forward_frame(
     out.extend_from_slice(b"\"method\":\"");
     out.extend_from_slice(wire_method.as_bytes());
     out.extend_from_slice(b"\",\"params\":{\"channel\":\"x-client-services://\",\"serviceId\":");
-    push_json_str(&mut out, service_id);
+    push_plain_str(out, service_id);
     out.extend_from_slice(b",\"senderClientId\":");
-    push_json_str(&mut out, sender);
+    push_plain_str(out, sender);
     out.extend_from_slice(b",\"method\":");
-    push_json_str(&mut out, method);
+    push_json_str(out, method);
     out.extend_from_slice(b",\"params\":");
     out.extend_from_slice(raw.as_bytes());
     out.extend_from_slice(b"}}");
-    crate::Frame::new(out)
+    crate::Frame::from_pool(buffer)
+}
+
+/// Appends an id known to need no escapes (a service id or a client id) as a JSON string.
+fn push_plain_str(out: &mut Vec<u8>, s: &str) {
+    debug_assert!(
+        crate::channel::valid_id(s),
+        "an id that needs escaping: {} bytes",
+        s.len()
+    );
+    out.push(b'"');
+    out.extend_from_slice(s.as_bytes());
+    out.push(b'"');
 }
 
 /// Appends `s` as a JSON string literal.

@@ -23,13 +23,13 @@ pub mod http;
 pub mod websocket;
 mod wire;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::credentials::{token_from_request, Credentials};
-use axhost_core::{ConnId, Host, Input, Now, Output, Store};
+use axhost_core::{ConnId, Host, Input, Now, Output, Store, U64Map};
 use http::{Head, Route, Status};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
@@ -138,6 +138,9 @@ struct Slot {
     phase: Phase,
     /// Whether the socket is registered for WRITABLE too (only while bytes are stuck).
     writable: bool,
+    /// Listed in `Driver::backlog` (to read this turn) / `Driver::dirty` (to write).
+    in_backlog: bool,
+    in_dirty: bool,
 }
 
 impl Slot {
@@ -178,17 +181,19 @@ struct Driver<S: Store> {
     credentials: Credentials,
     allowed_origins: Option<Vec<String>>,
     clock: Clock,
-    slots: BTreeMap<u64, Slot>,
+    /// Looked up per message (and never iterated in an order that matters).
+    slots: U64Map<Slot>,
     /// The next connection id; ids start at 1 and are never reused.
     next_id: u64,
     /// Head timeouts, keepalive probes and closing lingers. Invariant: one entry per `Head` or
     /// `Closing` slot, and per `Open` slot while keepalive is on.
     deadlines: BTreeSet<Deadline>,
     keepalive_ms: Option<u64>,
-    /// Connections to read this turn even without a new readiness event (mio is edge-triggered).
-    backlog: BTreeSet<u64>,
-    /// Connections with bytes to write this turn.
-    dirty: BTreeSet<u64>,
+    /// Connections to read this turn even without a new readiness event (mio is edge-triggered),
+    /// each listed once (`Slot::in_backlog`). Ids of slots dropped since may linger; skipped.
+    backlog: Vec<u64>,
+    /// Connections with bytes to write this turn, each listed once (`Slot::in_dirty`).
+    dirty: Vec<u64>,
     accept_retry_ms: Option<u64>,
     /// Set once a signal asked us to stop: the time by which the driver returns regardless.
     stop_by_ms: Option<u64>,
@@ -225,11 +230,11 @@ impl<S: Store> Driver<S> {
             clock: Clock {
                 start: std::time::Instant::now(),
             },
-            slots: BTreeMap::new(),
+            slots: U64Map::default(),
             next_id: 1,
             deadlines: BTreeSet::new(),
-            backlog: BTreeSet::new(),
-            dirty: BTreeSet::new(),
+            backlog: Vec::new(),
+            dirty: Vec::new(),
             accept_retry_ms: None,
             stop_by_ms: None,
             out_bytes_max,
@@ -254,10 +259,10 @@ impl<S: Store> Driver<S> {
                     Token(t) => {
                         let id = t as u64;
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
-                            self.backlog.insert(id);
+                            self.mark_readable(id);
                         }
                         if event.is_writable() || event.is_write_closed() {
-                            self.dirty.insert(id);
+                            self.mark_dirty(id);
                         }
                     }
                 }
@@ -285,6 +290,10 @@ impl<S: Store> Driver<S> {
     /// One turn after the events are sorted: read, time, decide, write.
     fn turn(&mut self) {
         for id in std::mem::take(&mut self.backlog) {
+            match self.slots.get_mut(&id) {
+                Some(slot) => slot.in_backlog = false,
+                None => continue,
+            }
             self.on_readable(id);
         }
         let now = self.clock.now();
@@ -304,6 +313,10 @@ impl<S: Store> Driver<S> {
                 break;
             }
             for id in std::mem::take(&mut self.dirty) {
+                match self.slots.get_mut(&id) {
+                    Some(slot) => slot.in_dirty = false,
+                    None => continue,
+                }
                 self.write(id);
             }
         }
@@ -428,9 +441,11 @@ impl<S: Store> Driver<S> {
                     peer,
                     phase,
                     writable: false,
+                    in_backlog: true,
+                    in_dirty: false,
                 },
             );
-            self.backlog.insert(id);
+            self.backlog.push(id);
             tracing::debug!(conn = id, peer = %peer, "accepted");
         }
     }
@@ -494,7 +509,9 @@ impl<S: Store> Driver<S> {
             return self.close(id, 1001, "no answer to pings", now);
         } else if silent >= interval {
             wire.push_ping();
-            self.dirty.insert(id);
+            if !std::mem::replace(&mut slot.in_dirty, true) {
+                self.dirty.push(id);
+            }
             heard_ms.saturating_add(interval.saturating_mul(2))
         } else {
             heard_ms.saturating_add(interval)
@@ -597,10 +614,10 @@ impl<S: Store> Driver<S> {
                 principal,
             },
         );
-        self.dirty.insert(id);
+        self.mark_dirty(id);
         // More may already wait in the socket or in the early bytes; edge-triggered polls would
         // not say so again.
-        self.backlog.insert(id);
+        self.mark_readable(id);
     }
 
     /// Answers a request that ends the connection, then lingers until the answer is out.
@@ -639,8 +656,8 @@ impl<S: Store> Driver<S> {
             peer_eof: false,
         };
         self.deadlines.insert((deadline_ms, id));
-        self.dirty.insert(id);
-        self.backlog.insert(id);
+        self.mark_dirty(id);
+        self.mark_readable(id);
     }
 
     /// Reads up to a turn's worth of WebSocket messages and feeds the core, carrying out the
@@ -672,7 +689,7 @@ impl<S: Store> Driver<S> {
                 }
                 Step::Ping(_) => {
                     heard = true;
-                    self.dirty.insert(id);
+                    self.mark_dirty(id);
                 }
                 Step::Pong(_) => heard = true,
                 Step::Close(code) => {
@@ -711,7 +728,7 @@ impl<S: Store> Driver<S> {
             Stop::Drained => {}
             Stop::Budget => {
                 // Edge-triggered: no new event will say the rest is there. Read it next turn.
-                self.backlog.insert(id);
+                self.mark_readable(id);
             }
             Stop::Close(code, reason) => self.close(id, code, reason, now),
             Stop::PeerClosed(code) => {
@@ -753,7 +770,7 @@ impl<S: Store> Driver<S> {
                 Err(_) => return self.drop_slot(id, "closed (reset)", now),
             }
         }
-        self.backlog.insert(id);
+        self.mark_readable(id);
     }
 
     /// Takes every decision the core made and carries it out (buffers; `write` sends).
@@ -766,8 +783,11 @@ impl<S: Store> Driver<S> {
                     };
                     if let Phase::Open { wire, .. } = &mut slot.phase {
                         wire.push_text(frame.as_bytes());
-                        self.dirty.insert(conn.0);
+                        if !std::mem::replace(&mut slot.in_dirty, true) {
+                            self.dirty.push(conn.0);
+                        }
                     }
+                    self.host.recycle(frame);
                 }
                 Output::Close { conn, code, reason } => {
                     self.close(conn.0, code.code(), reason, now)
@@ -876,6 +896,24 @@ impl<S: Store> Driver<S> {
         }
     }
 
+    /// Lists `id` to be read this turn (once).
+    fn mark_readable(&mut self, id: u64) {
+        if let Some(slot) = self.slots.get_mut(&id) {
+            if !std::mem::replace(&mut slot.in_backlog, true) {
+                self.backlog.push(id);
+            }
+        }
+    }
+
+    /// Lists `id` to be written this turn (once).
+    fn mark_dirty(&mut self, id: u64) {
+        if let Some(slot) = self.slots.get_mut(&id) {
+            if !std::mem::replace(&mut slot.in_dirty, true) {
+                self.dirty.push(id);
+            }
+        }
+    }
+
     /// Forgets a socket at once. An open WebSocket is reported closed to the core.
     fn drop_slot(&mut self, id: u64, why: &'static str, now: Now) {
         let Some(mut slot) = self.slots.remove(&id) else {
@@ -896,8 +934,6 @@ impl<S: Store> Driver<S> {
         if let Some(wire) = slot.wire_mut() {
             let _ = self.poll.registry().deregister(&mut wire.tcp);
         }
-        self.backlog.remove(&id);
-        self.dirty.remove(&id);
         tracing::debug!(conn = id, peer = %slot.peer, why, "socket dropped");
     }
 }
