@@ -215,7 +215,7 @@ impl<S: Store> Host<S> {
             &p.service_id,
             &sender,
             &p.method,
-            p.params,
+            p.params.get(),
         );
         match self.conns.enqueue(
             &mut self.outbox,

@@ -505,7 +505,7 @@ impl<S: Store> Host<S> {
                 &p.service_id,
                 sender,
                 &p.method,
-                p.params,
+                p.params.get(),
             ),
         ))
     }
@@ -552,9 +552,8 @@ pub(crate) fn forward_frame(
     service_id: &str,
     sender: &str,
     method: &str,
-    params: &RawValue,
+    raw: &str,
 ) -> crate::Frame {
-    let raw = params.get();
     let need = 160 + service_id.len() + sender.len() + method.len() + raw.len();
     let Some(out) = Arc::get_mut(&mut buffer) else {
         // Pool buffers are never shared; a fresh one if that ever changes.
@@ -565,7 +564,7 @@ pub(crate) fn forward_frame(
             service_id,
             sender,
             method,
-            params,
+            raw,
         );
     };
     out.clear();

@@ -190,7 +190,26 @@ pub struct NotifyParams<'a> {
     pub method: Cow<'a, str>,
     /// The payload, forwarded byte for byte.
     #[serde(borrow)]
-    pub params: &'a RawValue,
+    pub params: RawJson<'a>,
+}
+
+/// JSON text borrowed from a frame, known to be one valid value: read by `serde_json` (as a
+/// `RawValue`) or checked by the notify fast path's own scanner ([`plain_json`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawJson<'a>(&'a str);
+
+impl<'a> RawJson<'a> {
+    /// The JSON text.
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawJson<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw: &'de RawValue = Deserialize::deserialize(d)?;
+        Ok(RawJson(raw.get()))
+    }
 }
 
 /// The envelope's members first, in this order, without whitespace: how serde-built messages
@@ -250,29 +269,163 @@ fn canonical_notify(text: &str) -> Option<NotifyParams<'_>> {
     let payload = rest
         .trim_end_matches([' ', '\t', '\n', '\r'])
         .strip_suffix("}}")?;
-    // Every level of nesting opens with one of these and closes with another byte, so short
-    // payloads (the usual case) cannot be deep; brackets inside strings only make this more
-    // careful. No early exit, so the count runs over whole words.
-    if payload.len() > 2 * PAYLOAD_OPENERS_FAST_MAX {
-        let openers = payload
-            .bytes()
-            .fold(0usize, |n, b| n + usize::from(b == b'[' || b == b'{'));
-        if openers > PAYLOAD_OPENERS_FAST_MAX {
-            return None;
-        }
+    if !plain_json(payload.as_bytes()) {
+        return None;
     }
-    let params: &RawValue = serde_json::from_str(payload).ok()?;
     Some(NotifyParams {
         channel: Cow::Borrowed(crate::channel::CATALOG),
         service_id: Cow::Borrowed(service_id),
         method: Cow::Borrowed(method),
-        params,
+        params: RawJson(payload),
     })
 }
 
-/// Payloads with more `[`/`{` than this take the serde path (the nesting limit is 128 levels
-/// for the whole message, which wraps the payload in two objects).
-const PAYLOAD_OPENERS_FAST_MAX: usize = 100;
+/// Deepest payload nesting the scanner accepts; deeper payloads take the serde path (its limit
+/// is 128 levels for the whole message, which wraps the payload in two objects).
+const PAYLOAD_DEPTH_FAST_MAX: usize = 100;
+
+/// Whether `text` is exactly one JSON value (RFC 8259) with no whitespace around it, no string
+/// escapes and at most `PAYLOAD_DEPTH_FAST_MAX` levels of nesting.
+///
+/// The notify fast path's payload check: `serde_json` reading the payload into a `RawValue` was
+/// 13% of the host at 64->64 (perf), most of it per-token overhead around its string scan.
+/// Anything this refuses is not necessarily invalid: the message just takes the serde path,
+/// which decides. Everything this accepts, `serde_json` accepts as the same raw text (the
+/// `envelope` fuzz target checks the two agree).
+pub(crate) fn plain_json(text: &[u8]) -> bool {
+    let mut scan = Scan { b: text, i: 0 };
+    scan.value(PAYLOAD_DEPTH_FAST_MAX).is_some() && scan.i == text.len()
+}
+
+/// A recursive-descent JSON scanner that validates and keeps nothing.
+struct Scan<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl Scan<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn whitespace(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        (self.peek()? == byte).then(|| self.i += 1)
+    }
+
+    /// One value starting exactly at `i`; `depth` more levels of nesting are allowed.
+    fn value(&mut self, depth: usize) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.string(),
+            b'{' => {
+                let depth = depth.checked_sub(1)?;
+                self.i += 1;
+                self.whitespace();
+                if self.eat(b'}').is_some() {
+                    return Some(());
+                }
+                loop {
+                    self.string()?;
+                    self.whitespace();
+                    self.eat(b':')?;
+                    self.whitespace();
+                    self.value(depth)?;
+                    self.whitespace();
+                    match self.peek()? {
+                        b',' => {
+                            self.i += 1;
+                            self.whitespace();
+                        }
+                        b'}' => {
+                            self.i += 1;
+                            return Some(());
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+            b'[' => {
+                let depth = depth.checked_sub(1)?;
+                self.i += 1;
+                self.whitespace();
+                if self.eat(b']').is_some() {
+                    return Some(());
+                }
+                loop {
+                    self.value(depth)?;
+                    self.whitespace();
+                    match self.peek()? {
+                        b',' => {
+                            self.i += 1;
+                            self.whitespace();
+                        }
+                        b']' => {
+                            self.i += 1;
+                            return Some(());
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    /// A string without escapes or control characters (anything else: `None`).
+    fn string(&mut self) -> Option<()> {
+        self.eat(b'"')?;
+        let end = first_special(&self.b[self.i..])?;
+        self.i += end;
+        self.eat(b'"')
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        let end = self.i.checked_add(word.len())?;
+        (self.b.get(self.i..end)? == word).then(|| self.i = end)
+    }
+
+    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`
+    fn number(&mut self) -> Option<()> {
+        let _ = self.eat(b'-');
+        match self.peek()? {
+            b'0' => self.i += 1,
+            b'1'..=b'9' => self.digits(),
+            _ => return None,
+        }
+        if self.eat(b'.').is_some() {
+            self.digits1()?;
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.i += 1;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.i += 1;
+            }
+            self.digits1()?;
+        }
+        Some(())
+    }
+
+    fn digits(&mut self) {
+        while matches!(self.peek(), Some(b'0'..=b'9')) {
+            self.i += 1;
+        }
+    }
+
+    fn digits1(&mut self) -> Option<()> {
+        let start = self.i;
+        self.digits();
+        (self.i > start).then_some(())
+    }
+}
 
 /// Splits `"text"...` (the opening quote already consumed) at its closing quote, if the string
 /// needs no decoding: no backslash and no control character (which JSON forbids raw).
@@ -361,6 +514,66 @@ pub fn notification_frame(method: &str, params: &str) -> Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_json_accepts_only_what_serde_reads_as_the_same_value() {
+        let accepted = [
+            r#"{"load":"@0000000000000000","pad":"xxxx"}"#,
+            r#"{}"#,
+            r#"[]"#,
+            r#"[ 1 , -0 , 0.5 , -12.25e+10 , 3E-2 , 1e400 , 123456789012345678901234567890 ]"#,
+            "{ \"a\" : [ true , false , null ] , \"a\" : { \"b\" : \"\u{7f}\u{e9}\u{1f600}\" } }",
+            "\"x\"",
+            "0",
+            "null",
+            "{\"n\":[1,{\"t\":\"\t\"}]}",
+            "\"a\\nb\"",
+        ];
+        for text in accepted {
+            let expected = serde_json::from_str::<&RawValue>(text).map(|r| r.get().to_owned());
+            if plain_json(text.as_bytes()) {
+                assert_eq!(expected.ok().as_deref(), Some(text), "{text}");
+            } else {
+                // Only escapes and control characters are left to serde on purpose.
+                assert!(
+                    text.contains('\\') || text.bytes().any(|b| b < 0x20),
+                    "{text}"
+                );
+            }
+        }
+        let refused = [
+            "",
+            " 1",
+            "1 ",
+            "01",
+            "-",
+            "1.",
+            ".5",
+            "1e",
+            "+1",
+            "nul",
+            "truex",
+            "[1,]",
+            "{,}",
+            "{\"a\"}",
+            "{\"a\":}",
+            "{1:2}",
+            "[1 2]",
+            "\"a\u{1}\"",
+            "\"open",
+            "{\"a\":1",
+            "[",
+            "}",
+            "1}",
+            "[1]]",
+        ];
+        for text in refused {
+            assert!(!plain_json(text.as_bytes()), "{text:?}");
+        }
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(plain_json(nested(PAYLOAD_DEPTH_FAST_MAX).as_bytes()));
+        assert!(!plain_json(nested(PAYLOAD_DEPTH_FAST_MAX + 1).as_bytes()));
+    }
 
     #[test]
     fn first_special_matches_a_byte_loop() {
@@ -541,7 +754,11 @@ mod tests {
         }
         // Escapes, control characters, a payload followed by more members, deep payloads and
         // trailing garbage are left to serde.
-        let deep = format!("{}{}", "[".repeat(101), "]".repeat(101));
+        let deep = format!(
+            "{}{}",
+            "[".repeat(PAYLOAD_DEPTH_FAST_MAX + 1),
+            "]".repeat(PAYLOAD_DEPTH_FAST_MAX + 1)
+        );
         for (id, payload, tail) in [
             (r"s\u0031", "1", "}}"),
             ("s\u{1}", "1", "}}"),
