@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# benches/ab.sh: A/B two axhost binaries on one load shape, alternating runs, and report the
+# host's CPU time per delivered message beside the delivered rate.
+#
+#   bash benches/ab.sh OLD_BINARY NEW_BINARY            # 64->64, flat out, 16 frames per write
+#   RUNS=5 SHAPE="1 1 max 1" bash benches/ab.sh A B     # senders receivers rate batch
+#
+# Why CPU per message: on a small shared VM the delivered rate of one flat-out run moves by
+# 20-30% from run to run (the load tool and the server compete with the hypervisor), while the
+# host's user and system time per delivered message moves far less, and it is what an
+# optimisation changes. The host runs on CPU 0 and the load tool on CPU 1, as in compare.sh;
+# CPU time is read from /proc/PID/stat over seconds 2-4 of each run.
+#
+# Environment: RUNS (3), DURATION (s, 5), SHAPE ("64 64 max 16"), SERVER_CPU (0), LOAD_CPU (1).
+set -euo pipefail
+
+[ $# -eq 2 ] || { sed -n '2,6p' "$0"; exit 2; }
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+RUNS=${RUNS:-3}
+DURATION=${DURATION:-5}
+read -r SENDERS RECEIVERS RATE BATCH <<<"${SHAPE:-64 64 max 16}"
+SERVER_CPU=${SERVER_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
+(( DURATION >= 5 )) || { echo "ab.sh: DURATION must be at least 5 (CPU is sampled over seconds 2-4)" >&2; exit 2; }
+
+(cd "$ROOT" && cargo build --release --quiet -p axhost-load)
+LOAD="${CARGO_TARGET_DIR:-$ROOT/target}/release/axhost-load"
+TICK=$(getconf CLK_TCK)
+
+one_run() {
+    local bin=$1 tmp pid line addr token out a b rate
+    tmp=$(mktemp -d -t axhost-ab.XXXXXX)
+    mkdir -m 700 "$tmp/data"
+    token=$("$bin" token add --data-dir "$tmp/data" --id load --role maintainer 2>/dev/null | tail -n 1 | tr -d '[:space:]')
+    RUST_LOG=warn taskset -c "$SERVER_CPU" "$bin" serve --listen 127.0.0.1:0 --data-dir "$tmp/data" \
+        >"$tmp/out" 2>"$tmp/log" &
+    pid=$!
+    for _ in $(seq 1 200); do
+        line=$(grep -m1 -o 'ws://[0-9.]*:[0-9]*' "$tmp/out" 2>/dev/null || true)
+        [ -n "$line" ] && break
+        sleep 0.05
+    done
+    addr=${line#ws://}
+    ( sleep 2; awk '{print $14, $15}' "/proc/$pid/stat" >"$tmp/a"; sleep 2; awk '{print $14, $15}' "/proc/$pid/stat" >"$tmp/b" ) &
+    out=$(AXHOST_TOKEN="$token" taskset -c "$LOAD_CPU" "$LOAD" --target axhost --addr "$addr" \
+        --senders "$SENDERS" --receivers "$RECEIVERS" --rate "$RATE" --batch "$BATCH" \
+        --duration "${DURATION}s" --warmup 1s)
+    wait %2 2>/dev/null || true
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    rate=$(grep -o 'delivered [0-9]*' <<<"$out" | awk '{print $2}')
+    read -r ua sa <"$tmp/a"; read -r ub sb <"$tmp/b"
+    rm -rf "$tmp"
+    # user and system nanoseconds per delivered message over the 2 s window, and the rate
+    awk -v u=$((ub - ua)) -v s=$((sb - sa)) -v r="$rate" -v t="$TICK" 'BEGIN {
+        un = u / t / 2 * 1e9 / r; sn = s / t / 2 * 1e9 / r;
+        printf "%.3f M/s  user %4.0f ns/msg  sys %4.0f ns/msg  total %4.0f ns/msg  cpu %3.0f%%\n", r / 1e6, un, sn, un + sn, (u + s) / t / 2 * 100 }'
+}
+
+echo "shape: $SENDERS->$RECEIVERS rate=$RATE batch=$BATCH, $RUNS runs each, alternating"
+for run in $(seq 1 "$RUNS"); do
+    for side in A B; do
+        if [ "$side" = A ]; then bin=$1; else bin=$2; fi
+        printf '%s run %d: ' "$side" "$run"
+        one_run "$bin"
+    done
+done
