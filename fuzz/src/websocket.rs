@@ -355,6 +355,8 @@ pub fn serve(
                     assert!(p.len() <= 125);
                     events.push(Event::Pong(p.to_vec()));
                 }
+                // Part of a message: counts against the turn's budget like any frame.
+                WsStep::Fragment => {}
                 WsStep::Close(code) => {
                     stop = Some(Stop::PeerClosed(code.unwrap_or(1005)));
                     break;

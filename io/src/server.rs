@@ -691,7 +691,7 @@ impl<S: Store> Driver<S> {
                     heard = true;
                     self.mark_dirty(id);
                 }
-                Step::Pong(_) => heard = true,
+                Step::Pong(_) | Step::Fragment => heard = true,
                 Step::Close(code) => {
                     heard = true;
                     stop = Stop::PeerClosed(code.unwrap_or(1005));

@@ -12,7 +12,7 @@
 //!
 //! | frame | outcome |
 //! | --- | --- |
-//! | text, whole or in fragments, valid UTF-8 | [`Step::Text`] |
+//! | text, whole or in fragments, valid UTF-8 | [`Step::Text`] (each fragment before the last: [`Step::Fragment`]) |
 //! | ping / pong (≤ 125 bytes, not fragmented) | [`Step::Ping`] (the driver answers with a pong) / [`Step::Pong`] |
 //! | close: empty, or a code and a UTF-8 reason | [`Step::Close`] with the code to echo |
 //! | reserved opcode or RSV bit, unmasked frame, bad fragmentation, control frame over 125 bytes or fragmented, close with a 1-byte payload | 1002 |
@@ -63,6 +63,10 @@ pub enum Step<'a> {
     Ping(&'a [u8]),
     /// A pong (the answer to a keepalive ping).
     Pong(&'a [u8]),
+    /// A fragment of a text message that is not complete yet. Returned, rather than read past,
+    /// so every frame counts against the caller's per-turn budget: a peer streaming empty
+    /// continuation frames cannot hold the loop inside one call.
+    Fragment,
     /// The peer closed. Echo `Some(code)` (a code not allowed on the wire became 1002), or an
     /// empty close frame for `None` (the peer gave no code).
     Close(Option<u16>),
@@ -85,6 +89,8 @@ enum Parsed {
     Assembled,
     Ping(usize, usize),
     Pong(usize, usize),
+    /// A fragment was added to `message`; the message is not complete.
+    Fragment,
     Close(Option<u16>),
     Fail(Violation),
     /// Need more bytes: the current frame (or header) ends `want` bytes after `start`.
@@ -185,13 +191,14 @@ impl FrameReader {
             }
             Parsed::Ping(from, to) => Step::Ping(&self.buf[from..to]),
             Parsed::Pong(from, to) => Step::Pong(&self.buf[from..to]),
+            Parsed::Fragment => Step::Fragment,
             Parsed::Close(code) => Step::Close(code),
             Parsed::Fail(violation) => Step::Fail(violation),
             Parsed::Incomplete => Step::Drained,
         }
     }
 
-    /// Parses buffered frames until one yields an event or the buffer runs out.
+    /// Parses the next buffered frame, if it is complete.
     fn parse(&mut self) -> Parsed {
         if std::mem::take(&mut self.delivered) {
             self.message.clear();
@@ -199,24 +206,19 @@ impl FrameReader {
                 self.message.shrink_to(READ_BUFFER_BYTES);
             }
         }
-        loop {
-            if self.done {
-                // After a close or a violation the driver reads nothing more; say so plainly.
-                return Parsed::Fail(PROTOCOL);
-            }
-            match self.parse_frame() {
-                Some(parsed) => return parsed,
-                None => continue,
-            }
+        if self.done {
+            // After a close or a violation the driver reads nothing more; say so plainly.
+            return Parsed::Fail(PROTOCOL);
         }
+        self.parse_frame()
     }
 
-    /// One frame: `Some` with what it produced, or `None` for a fragment that was absorbed.
-    fn parse_frame(&mut self) -> Option<Parsed> {
+    /// One frame and what it produced.
+    fn parse_frame(&mut self) -> Parsed {
         let have = &self.buf[self.start..self.end];
         if have.len() < 2 {
             self.want = 2;
-            return Some(Parsed::Incomplete);
+            return Parsed::Incomplete;
         }
         let (b0, b1) = (have[0], have[1]);
         let fin = b0 & 0x80 != 0;
@@ -231,7 +233,7 @@ impl FrameReader {
         let header = 2 + len_bytes + if masked { 4 } else { 0 };
         if have.len() < header {
             self.want = header;
-            return Some(Parsed::Incomplete);
+            return Parsed::Incomplete;
         }
         let len = len.unwrap_or_else(|| {
             let mut be = [0u8; 8];
@@ -240,14 +242,14 @@ impl FrameReader {
         });
         if let Some(violation) = self.check_header(fin, rsv, opcode, masked, len) {
             self.done = true;
-            return Some(Parsed::Fail(violation));
+            return Parsed::Fail(violation);
         }
         // `check_header` bounded `len` by `max` (or 125), so this fits.
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         let total = header + len;
         if have.len() < total {
             self.want = total;
-            return Some(Parsed::Incomplete);
+            return Parsed::Incomplete;
         }
         let mut key = [0u8; 4];
         key.copy_from_slice(&have[header - 4..header]);
@@ -256,7 +258,7 @@ impl FrameReader {
         self.start = to;
         self.want = 0;
         unmask(&mut self.buf[from..to], key);
-        Some(match opcode {
+        match opcode {
             OPCODE_PING => Parsed::Ping(from, to),
             OPCODE_PONG => Parsed::Pong(from, to),
             OPCODE_CLOSE => {
@@ -264,8 +266,8 @@ impl FrameReader {
                 close_frame(&self.buf[from..to])
             }
             OPCODE_TEXT if fin => Parsed::Text(from, to),
-            _ => return self.fragment(fin, from, to),
-        })
+            _ => self.fragment(fin, from, to),
+        }
     }
 
     /// The header checks, in the documented order. `None` when the frame may be read.
@@ -304,7 +306,7 @@ impl FrameReader {
     }
 
     /// A data frame that is part of a fragmented message (a first fragment or a continuation).
-    fn fragment(&mut self, fin: bool, from: usize, to: usize) -> Option<Parsed> {
+    fn fragment(&mut self, fin: bool, from: usize, to: usize) -> Parsed {
         self.message.extend_from_slice(&self.buf[from..to]);
         let mut state = self.fragmented.unwrap_or(Fragmented { checked: 0 });
         // Fail as soon as the bytes so far can never become UTF-8 (a character cut at the end
@@ -314,15 +316,15 @@ impl FrameReader {
             Err(e) if e.error_len().is_none() && !fin => state.checked += e.valid_up_to(),
             Err(_) => {
                 self.done = true;
-                return Some(Parsed::Fail(NOT_UTF8));
+                return Parsed::Fail(NOT_UTF8);
             }
         }
         if fin {
             self.fragmented = None;
-            Some(Parsed::Assembled)
+            Parsed::Assembled
         } else {
             self.fragmented = Some(state);
-            None
+            Parsed::Fragment
         }
     }
 
@@ -494,6 +496,7 @@ mod tests {
             Step::Text(t) => format!("text {t}"),
             Step::Ping(p) => format!("ping {}", String::from_utf8_lossy(p)),
             Step::Pong(p) => format!("pong {}", String::from_utf8_lossy(p)),
+            Step::Fragment => "fragment".into(),
             Step::Close(code) => format!("close {code:?}"),
             Step::Fail((code, _)) => format!("fail {code}"),
             Step::Drained => "drained".into(),
@@ -516,9 +519,11 @@ mod tests {
             let line = describe(&step);
             let end = !matches!(
                 step,
-                Step::Text(_) | Step::Ping(_) | Step::Pong(_) | Step::Drained
+                Step::Text(_) | Step::Ping(_) | Step::Pong(_) | Step::Fragment | Step::Drained
             );
-            out.push(line);
+            if !matches!(step, Step::Fragment) {
+                out.push(line);
+            }
             if end {
                 return out;
             }
@@ -676,6 +681,25 @@ mod tests {
         let mut reader = FrameReader::new(1024, &[]);
         assert_eq!(describe(&reader.read_from(&mut src)), "close None");
         assert!(matches!(reader.read_from(&mut src), Step::Fail(_)));
+    }
+
+    #[test]
+    fn every_fragment_is_a_step_so_the_turn_budget_sees_it() {
+        let mut bytes = frame(false, OPCODE_TEXT, b"a");
+        for _ in 0..1000 {
+            bytes.extend(frame(false, OPCODE_CONTINUATION, b""));
+        }
+        bytes.extend(frame(true, OPCODE_CONTINUATION, b"b"));
+        let mut src = Chunks {
+            data: bytes.into(),
+            size: usize::MAX,
+            eof: false,
+        };
+        let mut reader = FrameReader::new(1024, &[]);
+        for _ in 0..1001 {
+            assert_eq!(describe(&reader.read_from(&mut src)), "fragment");
+        }
+        assert_eq!(describe(&reader.read_from(&mut src)), "text ab");
     }
 
     #[test]
