@@ -60,18 +60,9 @@ const POOL_FRAMES_MAX: usize = 64;
 const POOL_FRAME_BYTES_MAX: usize = 4096;
 
 impl FramePool {
-    /// An empty buffer, unshared, with at least `capacity` bytes of room.
-    pub(crate) fn take(&mut self, capacity: usize) -> Arc<Vec<u8>> {
-        match self.spare.pop() {
-            Some(mut buffer) => {
-                if let Some(bytes) = Arc::get_mut(&mut buffer) {
-                    bytes.clear();
-                    bytes.reserve(capacity);
-                }
-                buffer
-            }
-            None => Arc::new(Vec::with_capacity(capacity)),
-        }
+    /// An empty buffer (cleared by the writer), unshared: a kept one, or a new one.
+    pub(crate) fn take(&mut self) -> Arc<Vec<u8>> {
+        self.spare.pop().unwrap_or_default()
     }
 
     /// Keeps `frame`'s buffer if nobody else holds it and it is worth keeping.
@@ -163,5 +154,37 @@ impl Outbox {
 
     pub(crate) fn pop(&mut self) -> Option<Output> {
         self.queue.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_keeps_only_unshared_small_buffers_and_at_most_its_bound() {
+        let mut pool = FramePool::default();
+        // A frame still shared (fan-out) is not kept: its other holder may still read it.
+        let shared = Frame::new(vec![1, 2, 3]);
+        let other = shared.clone();
+        pool.give_back(shared);
+        assert!(pool.spare.is_empty());
+        assert_eq!(other.as_bytes(), &[1, 2, 3]);
+        // The last holder's buffer is kept and handed out again, unshared.
+        pool.give_back(other);
+        assert_eq!(pool.spare.len(), 1);
+        let mut again = pool.take();
+        assert!(Arc::get_mut(&mut again).is_some());
+        // Large buffers are freed, not kept.
+        pool.give_back(Frame::new(Vec::with_capacity(POOL_FRAME_BYTES_MAX + 1)));
+        assert!(pool.spare.is_empty());
+        // At most POOL_FRAMES_MAX are kept.
+        for _ in 0..POOL_FRAMES_MAX + 10 {
+            pool.give_back(Frame::new(Vec::with_capacity(64)));
+        }
+        assert_eq!(pool.spare.len(), POOL_FRAMES_MAX);
+        // An empty pool makes a new buffer.
+        let mut empty = FramePool::default();
+        assert!(Arc::get_mut(&mut empty.take()).is_some());
     }
 }

@@ -209,7 +209,7 @@ impl<S: Store> Host<S> {
             deadline,
         });
         let frame = forward_frame(
-            self.frame_pool.take(0),
+            self.frame_pool.take(),
             "clientService/handleRequest",
             Some(host_id),
             &p.service_id,

@@ -495,7 +495,7 @@ impl<S: Store> Host<S> {
             crate::connection::Phase::Handshake => return None,
         };
         let service = self.services.lookup(&p.service_id, &c.principal)?;
-        let buffer = self.frame_pool.take(0);
+        let buffer = self.frame_pool.take();
         Some((
             service.owner,
             forward_frame(
@@ -555,18 +555,8 @@ pub(crate) fn forward_frame(
     raw: &str,
 ) -> crate::Frame {
     let need = 160 + service_id.len() + sender.len() + method.len() + raw.len();
-    let Some(out) = Arc::get_mut(&mut buffer) else {
-        // Pool buffers are never shared; a fresh one if that ever changes.
-        return forward_frame(
-            Arc::new(Vec::new()),
-            wire_method,
-            id,
-            service_id,
-            sender,
-            method,
-            raw,
-        );
-    };
+    // Pool buffers are never shared; `make_mut` copies only if that ever changes.
+    let out = Arc::make_mut(&mut buffer);
     out.clear();
     out.reserve(need);
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",");

@@ -322,61 +322,50 @@ impl Scan<'_> {
     fn value(&mut self, depth: usize) -> Option<()> {
         match self.peek()? {
             b'"' => self.string(),
-            b'{' => {
-                let depth = depth.checked_sub(1)?;
-                self.i += 1;
-                self.whitespace();
-                if self.eat(b'}').is_some() {
-                    return Some(());
-                }
-                loop {
-                    self.string()?;
-                    self.whitespace();
-                    self.eat(b':')?;
-                    self.whitespace();
-                    self.value(depth)?;
-                    self.whitespace();
-                    match self.peek()? {
-                        b',' => {
-                            self.i += 1;
-                            self.whitespace();
-                        }
-                        b'}' => {
-                            self.i += 1;
-                            return Some(());
-                        }
-                        _ => return None,
-                    }
-                }
-            }
-            b'[' => {
-                let depth = depth.checked_sub(1)?;
-                self.i += 1;
-                self.whitespace();
-                if self.eat(b']').is_some() {
-                    return Some(());
-                }
-                loop {
-                    self.value(depth)?;
-                    self.whitespace();
-                    match self.peek()? {
-                        b',' => {
-                            self.i += 1;
-                            self.whitespace();
-                        }
-                        b']' => {
-                            self.i += 1;
-                            return Some(());
-                        }
-                        _ => return None,
-                    }
-                }
-            }
+            b'{' => self.container(b'}', depth, |scan, depth| {
+                scan.string()?;
+                scan.whitespace();
+                scan.eat(b':')?;
+                scan.whitespace();
+                scan.value(depth)
+            }),
+            b'[' => self.container(b']', depth, Scan::value),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
             b'n' => self.literal(b"null"),
             b'-' | b'0'..=b'9' => self.number(),
             _ => None,
+        }
+    }
+
+    /// An object or array at `i`: its opening byte, then `item`s separated by commas, then
+    /// `close`. Items get one level less of nesting.
+    fn container(
+        &mut self,
+        close: u8,
+        depth: usize,
+        item: impl Fn(&mut Self, usize) -> Option<()>,
+    ) -> Option<()> {
+        let depth = depth.checked_sub(1)?;
+        self.i += 1;
+        self.whitespace();
+        if self.eat(close).is_some() {
+            return Some(());
+        }
+        loop {
+            item(self, depth)?;
+            self.whitespace();
+            match self.peek()? {
+                b',' => {
+                    self.i += 1;
+                    self.whitespace();
+                }
+                b if b == close => {
+                    self.i += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
         }
     }
 

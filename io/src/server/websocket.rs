@@ -505,6 +505,15 @@ mod tests {
         }
     }
 
+    /// A socket holding `data`, read whole, that then says `WouldBlock` (no EOF yet).
+    fn waiting(data: impl IntoIterator<Item = u8>) -> Chunks {
+        Chunks {
+            data: data.into_iter().collect(),
+            size: usize::MAX,
+            eof: false,
+        }
+    }
+
     /// Everything the reader produces from `bytes`, in reads of `size`, as owned strings.
     fn transcript(bytes: &[u8], size: usize, max: usize) -> Vec<String> {
         let mut src = Chunks {
@@ -576,11 +585,7 @@ mod tests {
     #[test]
     fn the_buffer_shrinks_back_after_a_large_frame() {
         let big = "y".repeat(200_000);
-        let mut src = Chunks {
-            data: frame(true, OPCODE_TEXT, big.as_bytes()).into(),
-            size: usize::MAX,
-            eof: false,
-        };
+        let mut src = waiting(frame(true, OPCODE_TEXT, big.as_bytes()));
         let mut reader = FrameReader::new(1 << 20, &[]);
         assert!(matches!(reader.read_from(&mut src), Step::Text(t) if t.len() == 200_000));
         assert!(reader.capacity() > 200_000);
@@ -592,11 +597,7 @@ mod tests {
     #[test]
     fn early_bytes_are_read_first() {
         let early = frame(true, OPCODE_TEXT, b"early");
-        let mut src = Chunks {
-            data: frame(true, OPCODE_TEXT, b"later").into(),
-            size: usize::MAX,
-            eof: false,
-        };
+        let mut src = waiting(frame(true, OPCODE_TEXT, b"later"));
         let mut reader = FrameReader::new(1024, &early);
         assert_eq!(describe(&reader.read_from(&mut src)), "text early");
         assert_eq!(describe(&reader.read_from(&mut src)), "text later");
@@ -655,11 +656,7 @@ mod tests {
     #[test]
     fn a_partial_frame_waits_and_eof_ends_it() {
         let bytes = frame(true, OPCODE_TEXT, b"incomplete");
-        let mut src = Chunks {
-            data: bytes[..8].iter().copied().collect(),
-            size: usize::MAX,
-            eof: false,
-        };
+        let mut src = waiting(bytes[..8].iter().copied());
         let mut reader = FrameReader::new(1024, &[]);
         assert_eq!(describe(&reader.read_from(&mut src)), "drained");
         assert_eq!(reader.buffered(), 8);
@@ -673,11 +670,7 @@ mod tests {
     fn nothing_is_parsed_after_a_close_or_a_violation() {
         let mut bytes = frame(true, OPCODE_CLOSE, b"");
         bytes.extend(frame(true, OPCODE_TEXT, b"after close"));
-        let mut src = Chunks {
-            data: bytes.into(),
-            size: usize::MAX,
-            eof: false,
-        };
+        let mut src = waiting(bytes);
         let mut reader = FrameReader::new(1024, &[]);
         assert_eq!(describe(&reader.read_from(&mut src)), "close None");
         assert!(matches!(reader.read_from(&mut src), Step::Fail(_)));
@@ -690,11 +683,7 @@ mod tests {
             bytes.extend(frame(false, OPCODE_CONTINUATION, b""));
         }
         bytes.extend(frame(true, OPCODE_CONTINUATION, b"b"));
-        let mut src = Chunks {
-            data: bytes.into(),
-            size: usize::MAX,
-            eof: false,
-        };
+        let mut src = waiting(bytes);
         let mut reader = FrameReader::new(1024, &[]);
         for _ in 0..1001 {
             assert_eq!(describe(&reader.read_from(&mut src)), "fragment");
