@@ -161,8 +161,13 @@ for shape in $SHAPES; do
 done
 case " $SHAPES " in *" 64x64 "*) case " $RATES " in *" max "*) CASES+=("64x64 max 16") ;; esac ;; esac
 
-RESULTS="$TMP/results.tsv"   # system case rep sent_per_s delivered_per_s p50 p99 p999 max lost
+# system case rep sent_per_s delivered_per_s p50 p99 p999 max lost lag_p99 steal_ms
+RESULTS="$TMP/results.tsv"
 : >"$RESULTS"
+
+# CPU time the hypervisor gave to other guests (steal), both CPUs, in ms since boot. A stall of
+# a few ms on either CPU delays every message in flight, so each run records how much it saw.
+steal_ms() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / {print int($9 * 1000 / hz)}' /proc/stat; }
 
 # Reads one field of the tool's flat JSON line.
 jfield() { sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$2"; }
@@ -170,20 +175,21 @@ jfield() { sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$2"; }
 run_case() {
     local system=$1 shape=$2 rate=$3 batch=$4 rep=$5 duration=$6
     local senders=${shape%x*} receivers=${shape#*x}
-    local out json
+    local out json steal0
+    steal0=$(steal_ms)
     if ! out=$(AXHOST_TOKEN="$TOKEN" taskset -c "$LOAD_CPU" "$LOAD" --target "$system" --addr "$ADDR" \
         --senders "$senders" --receivers "$receivers" --rate "$rate" --batch "$batch" --size "$SIZE" \
         --duration "${duration}s" --warmup "${WARMUP}s" --json 2>"$TMP/load.err"); then
         log "  $system $shape rate=$rate batch=$batch rep $rep FAILED: $(tail -n 3 "$TMP/load.err")"
-        printf '%s\t%s\t%s\tERR\tERR\tERR\tERR\tERR\tERR\tERR\n' "$system" "$shape/$rate/$batch" "$rep" >>"$RESULTS"
+        printf '%s\t%s\t%s\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\n' "$system" "$shape/$rate/$batch" "$rep" >>"$RESULTS"
         return 0
     fi
     log "  $(head -n 1 <<<"$out")"
     json=$(grep '^{' <<<"$out" | tail -n 1)
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$system" "$shape/$rate/$batch" "$rep" \
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$system" "$shape/$rate/$batch" "$rep" \
         "$(jfield sent_per_s "$json")" "$(jfield delivered_per_s "$json")" "$(jfield p50_us "$json")" \
         "$(jfield p99_us "$json")" "$(jfield p999_us "$json")" "$(jfield max_us "$json")" \
-        "$(jfield lost "$json")" >>"$RESULTS"
+        "$(jfield lost "$json")" "$(jfield lag_p99_us "$json")" "$(( $(steal_ms) - steal0 ))" >>"$RESULTS"
 }
 
 RSS_LINE=""
@@ -245,6 +251,29 @@ table() {
     done
 }
 
+# Fixed-rate cases only: how late the load tool itself sent (p99 of build time minus scheduled
+# time) and how much CPU the hypervisor stole during the run. A latency close to the tool's lag
+# is the tool's; a p99 of milliseconds with tens of ms of steal is the machine's.
+context_table() {
+    local header="| shape | offered |" sep="|---|---|"
+    for system in $SYSTEMS; do
+        header+=" $system tool lag p99 µs | $system steal ms |"
+        sep+="---:|---:|"
+    done
+    echo "$header"
+    echo "$sep"
+    for c in "${CASES[@]}"; do
+        read -r shape rate batch <<<"$c"
+        [ "$rate" = max ] && continue
+        local key="$shape/$rate/$batch" row
+        row="| ${shape/x/→} | $rate |"
+        for system in $SYSTEMS; do
+            row+=" $(fmt_us "$(median "$system" "$key" 11)") | $(median "$system" "$key" 12) |"
+        done
+        echo "$row"
+    done
+}
+
 ratio() { # numerator-system denominator-system case
     local a b
     a=$(median "$1" "$3" 5)
@@ -265,6 +294,10 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo
     table
     echo
+    echo "The load tool's own lateness and the CPU steal in the fixed-rate runs (medians):"
+    echo
+    context_table
+    echo
     if [[ " $SYSTEMS " == *" axhost "* ]]; then
         for other in redis nats; do
             [[ " $SYSTEMS " == *" $other "* ]] || continue
@@ -284,7 +317,7 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo "## Raw runs"
     echo
     echo '```'
-    printf 'system\tcase\trep\tsent/s\tdelivered/s\tp50\tp99\tp99.9\tmax\tlost\n'
+    printf 'system\tcase\trep\tsent/s\tdelivered/s\tp50\tp99\tp99.9\tmax\tlost\tlag_p99\tsteal_ms\n'
     cat "$RESULTS"
     echo '```'
 } >"$OUT.tmp"

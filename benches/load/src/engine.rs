@@ -75,6 +75,10 @@ pub struct Report {
     pub p99_us: f64,
     pub p999_us: f64,
     pub max_us: f64,
+    /// Rate mode: how late the tool itself built messages (build time minus scheduled time).
+    /// Latency near this figure is the tool's, not the server's.
+    pub lag_p50_us: f64,
+    pub lag_p99_us: f64,
     pub drain_s: f64,
 }
 
@@ -94,7 +98,7 @@ impl Report {
         format!(
             "{} {}->{} rate={} batch={} size={}B: sent {:.0} msg/s, delivered {:.0} msg/s, \
              latency p50 {:.1} µs p99 {:.1} µs p99.9 {:.1} µs max {:.1} µs, lost {} of {} \
-             (window {:.1} s, drain {:.2} s)",
+             (window {:.1} s, drain {:.2} s{})",
             self.target.name(),
             args.senders,
             args.receivers,
@@ -111,6 +115,13 @@ impl Report {
             self.sent_total,
             self.window_s,
             self.drain_s,
+            match args.rate {
+                Rate::Max => String::new(),
+                Rate::PerSec(_) => format!(
+                    ", sender lag p50 {:.1} µs p99 {:.1} µs",
+                    self.lag_p50_us, self.lag_p99_us
+                ),
+            },
         )
     }
 
@@ -119,6 +130,7 @@ impl Report {
             "{{\"target\":\"{}\",\"senders\":{},\"receivers\":{},\"rate\":\"{}\",\"batch\":{},\
              \"size\":{},\"window_s\":{:.3},\"sent_per_s\":{:.1},\"delivered_per_s\":{:.1},\
              \"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"max_us\":{:.1},\
+             \"lag_p50_us\":{:.1},\"lag_p99_us\":{:.1},\
              \"sent\":{},\"received\":{},\"lost\":{},\"unstamped\":{}}}",
             self.target.name(),
             args.senders,
@@ -133,6 +145,8 @@ impl Report {
             self.p99_us,
             self.p999_us,
             self.max_us,
+            self.lag_p50_us,
+            self.lag_p99_us,
             self.sent_total,
             self.recv_total,
             self.lost(),
@@ -368,12 +382,19 @@ fn read_turn(target: Target, c: &mut Conn, recv: &mut Recv, origin: Instant) -> 
                 c.what()
             ));
         }
+        let room = c.inbuf.len() - c.in_len;
         match c.stream.read(&mut c.inbuf[c.in_len..]) {
             Ok(0) => return Err(format!("{}: server closed the connection", c.what())),
             Ok(n) => {
                 c.in_len += n;
                 let now = origin.elapsed().as_nanos() as u64;
                 process_input(target, c, recv, now)?;
+                if n < room {
+                    // A short read emptied the socket; bytes that arrive later raise a new
+                    // (edge-triggered) event, so asking again would only return WouldBlock.
+                    c.readable = false;
+                    return Ok(());
+                }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 c.readable = false;
@@ -492,6 +513,7 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
     let drain_max = args.drain.as_nanos() as u64;
     let hist = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
         .map_err(|e| format!("histogram: {e}"))?;
+    let mut lag = hist.clone();
     let mut recv = Recv {
         total: 0,
         window: 0,
@@ -558,6 +580,7 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
                     let phase = c.idx as f64 / n_senders;
                     let sched = |k: u64| ((k as f64 + phase) * interval) as u64;
                     let horizon = now.min(gen_end.saturating_sub(1));
+                    let built_at = origin.elapsed().as_nanos() as u64;
                     // One write per full batch that is due; a sender that fell behind catches
                     // up here (its stamps are the scheduled times, so the lag is measured).
                     for _ in 0..CATCH_UP_BUDGET {
@@ -573,6 +596,7 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
                             sent_total += 1;
                             if stamp >= warm {
                                 sent_window += 1;
+                                lag.saturating_record(built_at.saturating_sub(stamp).max(1));
                             }
                         }
                     }
@@ -648,6 +672,8 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
         p99_us: q(0.99),
         p999_us: q(0.999),
         max_us: recv.hist.max() as f64 / 1000.0,
+        lag_p50_us: lag.value_at_quantile(0.5) as f64 / 1000.0,
+        lag_p99_us: lag.value_at_quantile(0.99) as f64 / 1000.0,
         drain_s: end.saturating_sub(gen_end) as f64 / 1e9,
     })
 }
