@@ -233,6 +233,7 @@ fn serve_store(
         credentials: Credentials::new(&cfg.principals),
         allowed_origins: cfg.allowed_origins.clone(),
         keepalive_ms: cfg.keepalive(),
+        busy_poll_us: cfg.busy_poll(),
     };
     serve(host, opts, |addr| {
         let mut out = std::io::stdout().lock();

@@ -5,6 +5,7 @@
 //! listen = "127.0.0.1:7331"          # optional
 //! allowed_origins = ["https://x"]    # optional; absent = any Origin
 //! keepalive_ms = 30000               # optional; ping a silent WebSocket, close it after 2x; 0 = off
+//! busy_poll_us = 50                  # optional; poll this long before sleeping under load; 0 = off
 //! [limits]                           # optional; any field of axhost_core::Limits
 //! subscriptions_per_conn_max = 256
 //! [[principal]]
@@ -41,7 +42,20 @@ use crate::datadir::CONFIG_FILE;
 /// client sees one 2-byte ping every 30 s.
 pub const KEEPALIVE_MS_DEFAULT: u64 = 30_000;
 
+/// Default busy-polling budget. Spinning starts only while events arrive within it (over 20k
+/// wake-ups a second), so an idle or lightly loaded host never spins.
+pub const BUSY_POLL_US_DEFAULT: u64 = 50;
+
+/// Largest busy-polling budget accepted: past a millisecond, spinning wastes more than any
+/// wake-up it saves.
+pub const BUSY_POLL_US_MAX: u64 = 1_000;
+
 impl HostFileConfig {
+    /// The busy-polling budget to run with, in microseconds (0 = off).
+    pub fn busy_poll(&self) -> u64 {
+        self.busy_poll_us.unwrap_or(BUSY_POLL_US_DEFAULT)
+    }
+
     /// The keepalive interval to run with, `None` when probing is off.
     pub fn keepalive(&self) -> Option<u64> {
         match self.keepalive_ms {
@@ -63,6 +77,8 @@ pub struct HostFileConfig {
     /// Keepalive interval: a WebSocket silent this long is pinged, one silent twice as long is
     /// closed. `None` uses [`KEEPALIVE_MS_DEFAULT`]; `Some(0)` turns probing off.
     pub keepalive_ms: Option<u64>,
+    /// Busy-polling budget in µs; `None` uses [`BUSY_POLL_US_DEFAULT`], `Some(0)` turns it off.
+    pub busy_poll_us: Option<u64>,
     /// Every bound, defaults filled in for fields the file does not set.
     pub limits: Limits,
     /// Principals that may connect, in file order.
@@ -372,6 +388,8 @@ struct RawConfig {
     allowed_origins: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     keepalive_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    busy_poll_us: Option<u64>,
     #[serde(default, skip_serializing_if = "RawLimits::is_empty")]
     limits: RawLimits,
     #[serde(default, rename = "principal", skip_serializing_if = "Vec::is_empty")]
@@ -470,6 +488,7 @@ impl RawConfig {
             listen: c.listen.map(|a| a.to_string()),
             allowed_origins: c.allowed_origins.clone(),
             keepalive_ms: c.keepalive_ms,
+            busy_poll_us: c.busy_poll_us,
             limits: RawLimits::from_limits(&c.limits),
             principals: c
                 .principals
@@ -518,6 +537,11 @@ impl RawConfig {
                     ));
                 }
             }
+        }
+        if let Some(us) = self.busy_poll_us.filter(|&us| us > BUSY_POLL_US_MAX) {
+            return Err(format!(
+                "busy_poll_us = {us} is over {BUSY_POLL_US_MAX} (1 ms); use 0 to turn it off"
+            ));
         }
         let limits = self.limits.to_limits();
         limits.validate().map_err(|e| format!("[limits]: {e}"))?;
@@ -592,6 +616,7 @@ impl RawConfig {
             listen,
             allowed_origins: self.allowed_origins,
             keepalive_ms: self.keepalive_ms,
+            busy_poll_us: self.busy_poll_us,
             limits,
             principals,
             trust_groups,
@@ -853,6 +878,20 @@ principals = ["alice", "bob"]
             scope_display(&SessionScope::Only(ids)),
             "ahp-session:/a,ahp-session:/b"
         );
+    }
+
+    #[test]
+    fn busy_poll_defaults_to_50_us_is_bounded_and_round_trips() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(HostFileConfig::default().busy_poll(), BUSY_POLL_US_DEFAULT);
+        fs::write(dir.path().join(CONFIG_FILE), "busy_poll_us = 0\n").expect("write");
+        let c = load(dir.path()).expect("load");
+        assert_eq!(c.busy_poll(), 0, "0 turns it off");
+        save(dir.path(), &c).expect("save");
+        assert_eq!(load(dir.path()).expect("reload").busy_poll_us, Some(0));
+        fs::write(dir.path().join(CONFIG_FILE), "busy_poll_us = 1001\n").expect("write");
+        let e = load(dir.path()).expect_err("over the bound").to_string();
+        assert!(e.contains("busy_poll_us = 1001"), "{e}");
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! never reused; only connections that become WebSockets are ever shown to the core. The driver
 //! logs ids, peers, statuses, close codes and byte counts, never payloads or tokens.
 
+mod busy_poll;
 pub mod http;
 pub mod websocket;
 mod wire;
@@ -30,6 +31,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::credentials::{token_from_request, Credentials};
 use axhost_core::{ConnId, Host, Input, Now, Output, Store, U64Map};
+use busy_poll::BusyPoll;
 use http::{Head, Route, Status};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
@@ -49,6 +51,9 @@ pub struct ServeOptions {
     /// A WebSocket silent this long gets a ping; silent twice as long, it is closed (1001) and
     /// the core forgets it, its subscriptions and its services. `None` never probes.
     pub keepalive_ms: Option<u64>,
+    /// Busy-polling budget in microseconds: while events arrive closer together than this, the
+    /// driver polls for up to this long before sleeping (`server/busy_poll.rs`). 0 = off.
+    pub busy_poll_us: u64,
 }
 
 /// Runs `host` on `opts.listen` until SIGINT or SIGTERM. Calls `on_ready` with the bound address
@@ -200,6 +205,7 @@ struct Driver<S: Store> {
     /// Cap on one connection's unsent bytes. The core closes a connection long before (at
     /// `queue_bytes_hard`); this only stops bytes the core does not count (pongs) from piling up.
     out_bytes_max: u64,
+    busy_poll: BusyPoll,
 }
 
 impl<S: Store> Driver<S> {
@@ -238,18 +244,14 @@ impl<S: Store> Driver<S> {
             accept_retry_ms: None,
             stop_by_ms: None,
             out_bytes_max,
+            busy_poll: BusyPoll::new(Duration::from_micros(opts.busy_poll_us)),
         })
     }
 
     fn run(&mut self) -> io::Result<()> {
         let mut events = Events::with_capacity(EVENTS_PER_POLL_MAX);
         loop {
-            let timeout = self.poll_timeout();
-            match self.poll.poll(&mut events, timeout) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+            self.wait(&mut events)?;
             let mut accept = false;
             let mut signalled = false;
             for event in events.iter() {
@@ -285,6 +287,40 @@ impl<S: Store> Driver<S> {
                 }
             }
         }
+    }
+
+    /// Waits for events until the next deadline, polling without sleeping first when the
+    /// busy-polling rule says the next event is near.
+    fn wait(&mut self, events: &mut Events) -> io::Result<()> {
+        let timeout = self.poll_timeout();
+        let started = std::time::Instant::now();
+        let spin = self.busy_poll.spin_for(timeout);
+        let mut got = false;
+        while !spin.is_zero() {
+            match self.poll.poll(events, Some(Duration::ZERO)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+            if !events.is_empty() {
+                got = true;
+                break;
+            }
+            if started.elapsed() >= spin {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        if !got {
+            let left = timeout.map(|t| t.saturating_sub(started.elapsed()));
+            match self.poll.poll(events, left) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.busy_poll.waited(started.elapsed());
+        Ok(())
     }
 
     /// One turn after the events are sorted: read, time, decide, write.
