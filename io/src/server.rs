@@ -295,15 +295,11 @@ impl<S: Store> Driver<S> {
         let timeout = self.poll_timeout();
         let started = std::time::Instant::now();
         let spin = self.busy_poll.spin_for(timeout);
-        let mut got = false;
+        let mut spun_into_events = false;
         while !spin.is_zero() {
-            match self.poll.poll(events, Some(Duration::ZERO)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+            self.poll_once(events, Some(Duration::ZERO))?;
             if !events.is_empty() {
-                got = true;
+                spun_into_events = true;
                 break;
             }
             if started.elapsed() >= spin {
@@ -311,16 +307,19 @@ impl<S: Store> Driver<S> {
             }
             std::hint::spin_loop();
         }
-        if !got {
-            let left = timeout.map(|t| t.saturating_sub(started.elapsed()));
-            match self.poll.poll(events, left) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+        if !spun_into_events {
+            self.poll_once(events, timeout.map(|t| t.saturating_sub(started.elapsed())))?;
         }
         self.busy_poll.waited(started.elapsed());
         Ok(())
+    }
+
+    /// One `epoll_wait`; an interrupted wait returns with no events.
+    fn poll_once(&mut self, events: &mut Events, timeout: Option<Duration>) -> io::Result<()> {
+        match self.poll.poll(events, timeout) {
+            Err(e) if e.kind() != io::ErrorKind::Interrupted => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// One turn after the events are sorted: read, time, decide, write.
