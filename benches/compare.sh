@@ -8,7 +8,8 @@
 #
 # Environment overrides: DURATION (s, default 10), REPS (3), WARMUP (s, 1), SYSTEMS
 # ("axhost redis nats"), SHAPES ("1x1 1x16 16x16 64x64"), RATES ("10k 100k max"),
-# SIZE (payload bytes, 200), SERVER_CPU (0), LOAD_CPU (1), LONG_SECONDS (60), OUT (result file).
+# SIZE (payload bytes, 200), SERVER_CPU (0), LOAD_CPU (1; a taskset list such as 1-3 on a larger
+# machine), LOAD_THREADS (1; one per CPU in LOAD_CPU), LONG_SECONDS (60), OUT (result file).
 #
 # Every server runs pinned to SERVER_CPU, the load tool to LOAD_CPU. Each system gets its own
 # fresh server for its runs; every server this script starts is stopped on exit.
@@ -23,6 +24,7 @@ SHAPES=${SHAPES:-"1x1 1x16 16x16 64x64"}
 RATES=${RATES:-"10k 100k max"}
 SERVER_CPU=${SERVER_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
+LOAD_THREADS=${LOAD_THREADS:-1}
 LONG_SECONDS=${LONG_SECONDS:-60}
 SIZE=${SIZE:-200}
 LONG=0
@@ -30,7 +32,7 @@ LONG=0
 for arg in "$@"; do
     case "$arg" in
         --long) LONG=1 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "compare.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -179,7 +181,7 @@ run_case() {
     steal0=$(steal_ms)
     if ! out=$(AXHOST_TOKEN="$TOKEN" taskset -c "$LOAD_CPU" "$LOAD" --target "$system" --addr "$ADDR" \
         --senders "$senders" --receivers "$receivers" --rate "$rate" --batch "$batch" --size "$SIZE" \
-        --duration "${duration}s" --warmup "${WARMUP}s" --json 2>"$TMP/load.err"); then
+        --threads "$LOAD_THREADS" --duration "${duration}s" --warmup "${WARMUP}s" --json 2>"$TMP/load.err"); then
         log "  $system $shape rate=$rate batch=$batch rep $rep FAILED: $(tail -n 3 "$TMP/load.err")"
         printf '%s\t%s\t%s\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\n' "$system" "$shape/$rate/$batch" "$rep" >>"$RESULTS"
         return 0
@@ -288,7 +290,7 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo
     echo "$(date -u +%FT%TZ), ${REPS} rep(s) × ${DURATION} s (+${WARMUP} s warmup) per case, medians."
     echo "Payload ${SIZE} B; sender i sends its k-th message to receiver (i+k) mod M; servers on CPU"
-    echo "$SERVER_CPU, \`axhost-load\` (one thread) on CPU $LOAD_CPU. msg/s = delivered at receivers in the"
+    echo "$SERVER_CPU, \`axhost-load\` ($LOAD_THREADS thread(s)) on CPU $LOAD_CPU. msg/s = delivered at receivers in the"
     echo "window; lost = sent − received after the drain (axhost drops notifications above its 1 MiB"
     echo "per-connection soft queue)."
     echo

@@ -1,4 +1,5 @@
-//! The measured event loop: one thread, one mio `Poll`, every connection non-blocking.
+//! The measured event loop: one mio `Poll` per load thread (one thread unless `--threads`), every
+//! connection non-blocking.
 //!
 //! Hot path, per message: senders copy a prebuilt frame for the target receiver into their
 //! output buffer, write the 16 hex digits of the stamp in place (and for WebSocket mask the
@@ -13,6 +14,8 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -494,7 +497,124 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
         };
         c.out.reserve(cap);
     }
+    let threads = args.threads as usize;
+    let mut parts: Vec<Vec<Conn>> = (0..threads).map(|_| Vec::new()).collect();
+    for c in conns {
+        parts[c.idx % threads].push(c);
+    }
+    parts.retain(|p| !p.is_empty());
 
+    let shared = Shared {
+        sent: AtomicU64::new(0),
+        received: AtomicU64::new(0),
+        generating: AtomicUsize::new(parts.len()),
+        failed: AtomicBool::new(false),
+    };
+    let origin = Instant::now();
+    let results: Vec<Result<Part, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = parts
+            .into_iter()
+            .map(|part| {
+                let (tpls, shared) = (&tpls, &shared);
+                scope.spawn(move || {
+                    let r = event_loop(args, part, tpls, origin, shared);
+                    if r.is_err() {
+                        shared.failed.store(true, SeqCst);
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a load thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut parts = Vec::with_capacity(results.len());
+    for r in results {
+        parts.push(r?);
+    }
+    let mut total = parts.pop().ok_or("no connections")?;
+    for p in &parts {
+        total.merge(p)?;
+    }
+
+    let q = |h: &Histogram<u64>, p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+    let gen_end = (args.warmup + args.duration).as_nanos() as u64;
+    Ok(Report {
+        target: args.target,
+        window_s: args.duration.as_secs_f64().max(1e-9),
+        sent_total: total.sent_total,
+        recv_total: total.recv.total,
+        sent_window: total.sent_window,
+        recv_window: total.recv.window,
+        unstamped: total.recv.unstamped,
+        p50_us: q(&total.recv.hist, 0.5),
+        p99_us: q(&total.recv.hist, 0.99),
+        p999_us: q(&total.recv.hist, 0.999),
+        max_us: total.recv.hist.max() as f64 / 1000.0,
+        lag_p50_us: q(&total.lag, 0.5),
+        lag_p99_us: q(&total.lag, 0.99),
+        drain_s: total.end.saturating_sub(gen_end) as f64 / 1e9,
+    })
+}
+
+/// Counters every load thread adds to, so each can tell when the whole run has drained: a
+/// thread's receivers get messages from every thread's senders.
+struct Shared {
+    /// Messages built by all senders (warmup included).
+    sent: AtomicU64,
+    /// Messages read by all receivers.
+    received: AtomicU64,
+    /// Threads that may still build messages.
+    generating: AtomicUsize,
+    /// A thread stopped with an error: the others stop too.
+    failed: AtomicBool,
+}
+
+/// What one load thread measured.
+struct Part {
+    sent_total: u64,
+    sent_window: u64,
+    recv: Recv,
+    lag: Histogram<u64>,
+    /// When the thread's loop ended, in ns since the origin.
+    end: u64,
+}
+
+impl Part {
+    fn merge(&mut self, other: &Part) -> Result<(), String> {
+        self.sent_total += other.sent_total;
+        self.sent_window += other.sent_window;
+        self.recv.total += other.recv.total;
+        self.recv.window += other.recv.window;
+        self.recv.unstamped += other.recv.unstamped;
+        self.recv
+            .hist
+            .add(&other.recv.hist)
+            .map_err(|e| format!("histogram: {e}"))?;
+        self.lag
+            .add(&other.lag)
+            .map_err(|e| format!("histogram: {e}"))?;
+        self.end = self.end.max(other.end);
+        Ok(())
+    }
+}
+
+/// One thread's event loop over its share of the connections (every connection whose index is
+/// the thread's number modulo `--threads`), from the start of the warmup to the end of the
+/// drain.
+fn event_loop(
+    args: &Args,
+    mut conns: Vec<Conn>,
+    tpls: &[Template],
+    origin: Instant,
+    shared: &Shared,
+) -> Result<Part, String> {
+    let batch = args.batch as usize;
     let mut poll = Poll::new().map_err(|e| format!("mio poll: {e}"))?;
     for (i, c) in conns.iter_mut().enumerate() {
         poll.registry()
@@ -507,7 +627,6 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
     }
     let mut events = Events::with_capacity(1024);
 
-    let origin = Instant::now();
     let warm = args.warmup.as_nanos() as u64;
     let gen_end = warm + args.duration.as_nanos() as u64;
     let drain_max = args.drain.as_nanos() as u64;
@@ -531,20 +650,39 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
         Rate::Max => 0.0,
     };
     let mut last_progress = 0u64;
-    let mut last_recv_total = 0u64;
+    let mut last_received = 0u64;
+    let (mut published_sent, mut published_received) = (0u64, 0u64);
+    let mut done_generating = false;
 
     loop {
+        // Publish this thread's counts before deciding anything on the shared ones.
+        shared.sent.fetch_add(sent_total - published_sent, SeqCst);
+        shared
+            .received
+            .fetch_add(recv.total - published_received, SeqCst);
+        (published_sent, published_received) = (sent_total, recv.total);
+        if shared.failed.load(SeqCst) {
+            break; // another thread's error ends the run; it is the one reported
+        }
         let now = origin.elapsed().as_nanos() as u64;
         let generating = now < gen_end;
         if !generating {
-            if recv.total != last_recv_total {
-                last_recv_total = recv.total;
+            if !done_generating {
+                // This thread builds no more messages, and all it built is published.
+                done_generating = true;
+                shared.generating.fetch_sub(1, SeqCst);
+            }
+            let received = shared.received.load(SeqCst);
+            if received != last_received {
+                last_received = received;
                 last_progress = now;
             }
+            let all_sent = shared.generating.load(SeqCst) == 0;
+            let all_received = all_sent && received >= shared.sent.load(SeqCst);
             let flushed = conns.iter().all(|c| c.pending() == 0);
             let idle =
                 now.saturating_sub(last_progress.max(gen_end)) > DRAIN_IDLE.as_nanos() as u64;
-            if (flushed && recv.total >= sent_total) || idle || now >= gen_end + drain_max {
+            if (flushed && all_received) || idle || now >= gen_end + drain_max {
                 break;
             }
         }
@@ -564,7 +702,7 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
                             }
                             let stamp = origin.elapsed().as_nanos() as u64;
                             for _ in 0..batch {
-                                build_one(args.target, c, &tpls, stamp);
+                                build_one(args.target, c, tpls, stamp);
                             }
                             sent_total += batch as u64;
                             if stamp >= warm {
@@ -592,7 +730,7 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
                         }
                         for _ in 0..batch {
                             let stamp = sched(c.built);
-                            build_one(args.target, c, &tpls, stamp);
+                            build_one(args.target, c, tpls, stamp);
                             sent_total += 1;
                             if stamp >= warm {
                                 sent_window += 1;
@@ -658,23 +796,12 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
         }
     }
 
-    let end = origin.elapsed().as_nanos() as u64;
-    let q = |p: f64| recv.hist.value_at_quantile(p) as f64 / 1000.0;
-    Ok(Report {
-        target: args.target,
-        window_s: args.duration.as_secs_f64().max(1e-9),
+    Ok(Part {
         sent_total,
-        recv_total: recv.total,
         sent_window,
-        recv_window: recv.window,
-        unstamped: recv.unstamped,
-        p50_us: q(0.5),
-        p99_us: q(0.99),
-        p999_us: q(0.999),
-        max_us: recv.hist.max() as f64 / 1000.0,
-        lag_p50_us: lag.value_at_quantile(0.5) as f64 / 1000.0,
-        lag_p99_us: lag.value_at_quantile(0.99) as f64 / 1000.0,
-        drain_s: end.saturating_sub(gen_end) as f64 / 1e9,
+        recv,
+        lag,
+        end: origin.elapsed().as_nanos() as u64,
     })
 }
 

@@ -1,6 +1,6 @@
 //! Black-box checks of the `axhost-load` binary: clear errors (never panics) when the server is
-//! missing, refuses or closes; and, when `AXHOST_BIN` names an `axhost` binary, a short real
-//! run against it. `benches/compare.sh` is the full end-to-end check with Redis and NATS.
+//! missing, refuses or closes; and short real runs against an `axhost` binary (`AXHOST_BIN`, or
+//! the one built beside this tool), on one thread and on several. `benches/compare.sh` is the full end-to-end check with Redis and NATS.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -79,12 +79,23 @@ fn refused_upgrade_is_a_clear_error() {
     assert_clean_failure(&out, "upgrade refused: HTTP/1.1 401 Unauthorized");
 }
 
-/// Runs only when `AXHOST_BIN` points at an `axhost` binary (e.g. target/release/axhost):
-/// a fresh host, two senders and two receivers at 2000 msg/s for one second, nothing lost.
+/// The `axhost` binary to run against: `AXHOST_BIN`, else the one `cargo test --workspace`
+/// built next to this tool (target/debug/axhost).
+fn axhost_bin() -> Option<std::path::PathBuf> {
+    if let Ok(bin) = std::env::var("AXHOST_BIN") {
+        return Some(bin.into());
+    }
+    let sibling = std::path::Path::new(env!("CARGO_BIN_EXE_axhost-load")).with_file_name("axhost");
+    sibling.is_file().then_some(sibling)
+}
+
+/// A fresh host; two senders and two receivers at 2000 msg/s for one second on one thread,
+/// then three senders and five receivers over three threads: nothing lost, every message
+/// stamped, in both. Skipped when no `axhost` binary is found.
 #[test]
-fn real_axhost_run_when_axhost_bin_is_given() {
-    let Ok(bin) = std::env::var("AXHOST_BIN") else {
-        eprintln!("skipped: set AXHOST_BIN=/path/to/axhost to run against a real host");
+fn real_axhost_runs_on_one_and_several_threads() {
+    let Some(bin) = axhost_bin() else {
+        eprintln!("skipped: set AXHOST_BIN=/path/to/axhost (or run cargo test --workspace)");
         return;
     };
     let dir = std::env::temp_dir().join(format!("axhost-load-test-{}", std::process::id()));
@@ -115,43 +126,63 @@ fn real_axhost_run_when_axhost_bin_is_given() {
             break;
         }
     }
-    let result = connect.map(|c| {
+    let runs = connect.map(|c| {
         let (addr, token) = c.split_once("/axp?tkn=").expect("connect line shape");
-        load(&[
-            "--target",
-            "axhost",
-            "--addr",
-            addr,
-            "--token",
-            token,
-            "--senders",
-            "2",
-            "--receivers",
-            "2",
-            "--rate",
-            "2000",
-            "--duration",
-            "1s",
-            "--warmup",
-            "200ms",
-            "--json",
-        ])
+        [("2", "2", "1"), ("3", "5", "3")].map(|(senders, receivers, threads)| {
+            let out = load(&[
+                "--target",
+                "axhost",
+                "--addr",
+                addr,
+                "--token",
+                token,
+                "--senders",
+                senders,
+                "--receivers",
+                receivers,
+                "--threads",
+                threads,
+                "--rate",
+                "2000",
+                "--duration",
+                "1s",
+                "--warmup",
+                "200ms",
+                "--json",
+            ]);
+            (threads, out)
+        })
     });
     let _ = host.kill();
     let _ = host.wait();
     let _ = std::fs::remove_dir_all(&dir);
-    let out = result.expect("axhost printed no connect line");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stdout: {stdout}\nstderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let json = stdout
-        .lines()
-        .find(|l| l.starts_with('{'))
-        .expect("json line");
-    assert!(json.contains("\"lost\":0,"), "{json}");
-    assert!(json.contains("\"unstamped\":0}"), "{json}");
-    assert!(!json.contains("\"received\":0,"), "{json}");
+    for (threads, out) in runs.expect("axhost printed no connect line") {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{threads} thread(s): stdout: {stdout}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json = stdout
+            .lines()
+            .find(|l| l.starts_with('{'))
+            .expect("json line");
+        assert!(json.contains("\"lost\":0,"), "{threads} thread(s): {json}");
+        assert!(
+            json.contains("\"unstamped\":0}"),
+            "{threads} thread(s): {json}"
+        );
+        // 2000 msg/s for 1.2 s: about 2400 sent, all of them received.
+        let field = |name: &str| -> u64 {
+            let at = json.find(&format!("\"{name}\":")).expect(name) + name.len() + 3;
+            json[at..]
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .and_then(|v| v.parse().ok())
+                .expect(name)
+        };
+        let (sent, received) = (field("sent"), field("received"));
+        assert!((2000..=2800).contains(&sent), "{threads} thread(s): {json}");
+        assert_eq!(sent, received, "{threads} thread(s): {json}");
+    }
 }
