@@ -51,8 +51,9 @@ pub struct ServeOptions {
     /// A WebSocket silent this long gets a ping; silent twice as long, it is closed (1001) and
     /// the core forgets it, its subscriptions and its services. `None` never probes.
     pub keepalive_ms: Option<u64>,
-    /// Busy-polling budget in microseconds: while events arrive closer together than this, the
-    /// driver polls for up to this long before sleeping (`server/busy_poll.rs`). 0 = off.
+    /// Busy-polling budget in microseconds: while events arrive closer together than this and
+    /// the driver is mostly busy, it polls for up to this long before sleeping
+    /// (`server/busy_poll.rs`). 0 = off.
     pub busy_poll_us: u64,
 }
 
@@ -206,6 +207,8 @@ struct Driver<S: Store> {
     /// `queue_bytes_hard`); this only stops bytes the core does not count (pongs) from piling up.
     out_bytes_max: u64,
     busy_poll: BusyPoll,
+    /// When the last wait returned: the work since then is the current turn.
+    woke_at: std::time::Instant,
 }
 
 impl<S: Store> Driver<S> {
@@ -245,6 +248,7 @@ impl<S: Store> Driver<S> {
             stop_by_ms: None,
             out_bytes_max,
             busy_poll: BusyPoll::new(Duration::from_micros(opts.busy_poll_us)),
+            woke_at: std::time::Instant::now(),
         })
     }
 
@@ -290,10 +294,11 @@ impl<S: Store> Driver<S> {
     }
 
     /// Waits for events until the next deadline, polling without sleeping first when the
-    /// busy-polling rule says the next event is near.
+    /// busy-polling rule says the next event is near and the driver is busy anyway.
     fn wait(&mut self, events: &mut Events) -> io::Result<()> {
         let timeout = self.poll_timeout();
         let started = std::time::Instant::now();
+        let worked = started.saturating_duration_since(self.woke_at);
         let spin = self.busy_poll.spin_for(timeout);
         let mut spun_into_events = false;
         while !spin.is_zero() {
@@ -310,7 +315,9 @@ impl<S: Store> Driver<S> {
         if !spun_into_events {
             self.poll_once(events, timeout.map(|t| t.saturating_sub(started.elapsed())))?;
         }
-        self.busy_poll.waited(started.elapsed());
+        self.woke_at = std::time::Instant::now();
+        self.busy_poll
+            .cycle(worked, self.woke_at.saturating_duration_since(started));
         Ok(())
     }
 
