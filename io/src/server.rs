@@ -300,19 +300,12 @@ impl<S: Store> Driver<S> {
         let started = std::time::Instant::now();
         let worked = started.saturating_duration_since(self.woke_at);
         let spin = self.busy_poll.spin_for(timeout);
-        let mut spun_into_events = false;
-        while !spin.is_zero() {
+        events.clear();
+        while !spin.is_zero() && events.is_empty() && started.elapsed() < spin {
             self.poll_once(events, Some(Duration::ZERO))?;
-            if !events.is_empty() {
-                spun_into_events = true;
-                break;
-            }
-            if started.elapsed() >= spin {
-                break;
-            }
             std::hint::spin_loop();
         }
-        if !spun_into_events {
+        if events.is_empty() {
             self.poll_once(events, timeout.map(|t| t.saturating_sub(started.elapsed())))?;
         }
         self.woke_at = std::time::Instant::now();
