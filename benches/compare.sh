@@ -232,49 +232,44 @@ median() { # system case column
 fmt_rate() { awk -v v="$1" 'BEGIN { if (v=="-") print "fail"; else if (v>=1e6) printf "%.2fM", v/1e6; else if (v>=1e3) printf "%.1fk", v/1e3; else printf "%.0f", v }'; }
 fmt_us() { awk -v v="$1" 'BEGIN { if (v=="-") print "-"; else if (v>=1000) printf "%.0f", v; else printf "%.1f", v }'; }
 
-table() {
-    local header="| shape | offered | batch |" sep="|---|---|---|"
+# md_table HEAD CELLS [fixed]: a Markdown table, one row per case (only fixed-rate cases when
+# the third argument is "fixed"), with the columns `HEAD SYSTEM` names for each system, filled
+# by `CELLS SYSTEM CASE-KEY` ("| a | b |"-style cells, one trailing "|" each).
+md_table() {
+    local head=$1 cells=$2 fixed=${3:-} header="| shape | offered |" sep="|---|---|"
+    [ "$fixed" = fixed ] || { header+=" batch |"; sep+="---|"; }
     for system in $SYSTEMS; do
-        header+=" $system msg/s | $system p50 / p99 / p99.9 µs | $system lost |"
-        sep+="---:|---:|---:|"
+        local h
+        h=$($head "$system")
+        header+=" $h"
+        sep+=$(sed 's/[^|]*|/---:|/g' <<<"$h")
     done
     echo "$header"
     echo "$sep"
     for c in "${CASES[@]}"; do
         read -r shape rate batch <<<"$c"
-        local key="$shape/$rate/$batch" row
-        row="| ${shape/x/→} | $rate | $batch |"
+        [ "$fixed" = fixed ] && [ "$rate" = max ] && continue
+        local key="$shape/$rate/$batch" row="| ${shape/x/→} | $rate |"
+        [ "$fixed" = fixed ] || row+=" $batch |"
         for system in $SYSTEMS; do
-            row+=" $(fmt_rate "$(median "$system" "$key" 5)") |"
-            row+=" $(fmt_us "$(median "$system" "$key" 6)") / $(fmt_us "$(median "$system" "$key" 7)") / $(fmt_us "$(median "$system" "$key" 8)") |"
-            row+=" $(median "$system" "$key" 10) |"
+            row+=" $($cells "$system" "$key")"
         done
         echo "$row"
     done
 }
 
-# Fixed-rate cases only: how late the load tool itself sent (p99 of build time minus scheduled
-# time) and how much CPU the hypervisor stole during the run. A latency close to the tool's lag
-# is the tool's; a p99 of milliseconds with tens of ms of steal is the machine's.
-context_table() {
-    local header="| shape | offered |" sep="|---|---|"
-    for system in $SYSTEMS; do
-        header+=" $system tool lag p99 µs | $system steal ms |"
-        sep+="---:|---:|"
-    done
-    echo "$header"
-    echo "$sep"
-    for c in "${CASES[@]}"; do
-        read -r shape rate batch <<<"$c"
-        [ "$rate" = max ] && continue
-        local key="$shape/$rate/$batch" row
-        row="| ${shape/x/→} | $rate |"
-        for system in $SYSTEMS; do
-            row+=" $(fmt_us "$(median "$system" "$key" 11)") | $(median "$system" "$key" 12) |"
-        done
-        echo "$row"
-    done
+result_head() { echo "$1 msg/s | $1 p50 / p99 / p99.9 µs | $1 lost |"; }
+result_cells() {
+    echo "$(fmt_rate "$(median "$1" "$2" 5)") |" \
+        "$(fmt_us "$(median "$1" "$2" 6)") / $(fmt_us "$(median "$1" "$2" 7)") / $(fmt_us "$(median "$1" "$2" 8)") |" \
+        "$(median "$1" "$2" 10) |"
 }
+
+# Fixed-rate cases: how late the load tool itself sent (p99 of build time minus scheduled time)
+# and how much CPU the hypervisor stole during the run. A latency close to the tool's lag is the
+# tool's; a p99 of milliseconds with tens of ms of steal is the machine's.
+context_head() { echo "$1 tool lag p99 µs | $1 steal ms |"; }
+context_cells() { echo "$(fmt_us "$(median "$1" "$2" 11)") | $(median "$1" "$2" 12) |"; }
 
 ratio() { # numerator-system denominator-system case
     local a b
@@ -294,11 +289,11 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo "window; lost = sent − received after the drain (axhost drops notifications above its 1 MiB"
     echo "per-connection soft queue)."
     echo
-    table
+    md_table result_head result_cells
     echo
     echo "The load tool's own lateness and the CPU steal in the fixed-rate runs (medians):"
     echo
-    context_table
+    md_table context_head context_cells fixed
     echo
     if [[ " $SYSTEMS " == *" axhost "* ]]; then
         for other in redis nats; do
