@@ -186,3 +186,65 @@ fn real_axhost_runs_on_one_and_several_threads() {
         assert_eq!(sent, received, "{threads} thread(s): {json}");
     }
 }
+
+/// A NATS stand-in for `connections` clients: it greets each (`INFO`), answers its `PING`, then
+/// swallows what it sends; `fail_at` gets `-ERR` a moment after setup.
+fn nats_that_fails_one(connections: usize, fail_at: usize) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        for n in 0..connections {
+            let Ok((mut s, _)) = l.accept() else { return };
+            std::thread::spawn(move || {
+                let _ = s.write_all(b"INFO {}\r\n");
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !seen.windows(6).any(|w| w == b"PING\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => seen.extend_from_slice(&buf[..k]),
+                    }
+                }
+                let _ = s.write_all(b"PONG\r\n");
+                if n == fail_at {
+                    std::thread::sleep(Duration::from_millis(300));
+                    let _ = s.write_all(b"-ERR 'stand-in failure'\r\n");
+                }
+                while matches!(s.read(&mut buf), Ok(k) if k > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+/// An error on one load thread ends the whole run at once, and it is the error reported (the
+/// other threads stop rather than run out the 10 s window and the drain).
+#[test]
+fn an_error_on_one_thread_stops_them_all() {
+    // Receivers connect first: receiver 1 is on thread 1, the sender and receiver 0 on thread 0.
+    let addr = nats_that_fails_one(3, 1);
+    let started = std::time::Instant::now();
+    let out = load(&[
+        "--target",
+        "nats",
+        "--addr",
+        &addr,
+        "--senders",
+        "1",
+        "--receivers",
+        "2",
+        "--threads",
+        "2",
+        "--rate",
+        "1000",
+        "--duration",
+        "10s",
+    ]);
+    assert_clean_failure(&out, "receiver 1: nats error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stand-in failure"));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+}
