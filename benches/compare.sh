@@ -11,8 +11,9 @@
 # SIZE (payload bytes, 200), SERVER_CPU (0), LOAD_CPU (1; a taskset list such as 1-3 on a larger
 # machine), LOAD_THREADS (1; one per CPU in LOAD_CPU), LONG_SECONDS (60), OUT (result file).
 #
-# Every server runs pinned to SERVER_CPU, the load tool to LOAD_CPU. Each system gets its own
-# fresh server for its runs; every server this script starts is stopped on exit.
+# Every server runs pinned to SERVER_CPU, the load tool to LOAD_CPU. Every run gets a fresh
+# server, and the systems take turns case by case (order rotated), so a VM that drifts over
+# the run weighs on all alike; every server this script starts is stopped on exit.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -194,34 +195,51 @@ run_case() {
         "$(jfield lost "$json")" "$(jfield lag_p99_us "$json")" "$(( $(steal_ms) - steal0 ))" >>"$RESULTS"
 }
 
-RSS_LINE=""
-for system in $SYSTEMS; do
-    case "$system" in
+start_server() {
+    case "$1" in
         axhost) start_axhost ;;
         redis) start_redis ;;
         nats) start_nats ;;
+    esac
+}
+
+# Every run gets a fresh server, so nothing a case leaves behind (queued bytes, grown buffers,
+# heap) reaches the next one. The systems take turns case by case, and the order rotates with
+# the case and the rep, so each system goes first equally often: on a shared VM whose speed
+# drifts over the minutes a full run takes, the drift weighs on all three alike instead of on
+# whichever system ran last.
+read -r -a SYSTEM_LIST <<<"$SYSTEMS"
+for system in "${SYSTEM_LIST[@]}"; do
+    case "$system" in
+        axhost | redis | nats) ;;
         *) die "unknown system $system (axhost, redis, nats)" ;;
     esac
-    log "$system on $ADDR (pid $SERVER_PID, cpu $SERVER_CPU)"
-    for rep in $(seq 1 "$REPS"); do
-        for c in "${CASES[@]}"; do
-            read -r shape rate batch <<<"$c"
+done
+n_systems=${#SYSTEM_LIST[@]}
+for rep in $(seq 1 "$REPS"); do
+    for i in "${!CASES[@]}"; do
+        read -r shape rate batch <<<"${CASES[$i]}"
+        for k in $(seq 0 $((n_systems - 1))); do
+            system=${SYSTEM_LIST[$(((rep - 1 + i + k) % n_systems))]}
+            start_server "$system"
             run_case "$system" "$shape" "$rate" "$batch" "$rep" "$DURATION"
+            stop_server
         done
     done
-    if [ "$LONG" = 1 ] && [ "$system" = axhost ]; then
-        stop_server
-        start_axhost
-        rss_before=$(awk '/^VmRSS/ {print $2}' "/proc/$SERVER_PID/status")
-        log "axhost long run: ${LONG_SECONDS}s 64x64 max batch 16, RSS before ${rss_before} kB"
-        run_case axhost 64x64 max 16 long "$LONG_SECONDS"
-        rss_after=$(awk '/^VmRSS/ {print $2}' "/proc/$SERVER_PID/status")
-        rss_peak=$(awk '/^VmHWM/ {print $2}' "/proc/$SERVER_PID/status")
-        RSS_LINE="axhost RSS around a ${LONG_SECONDS} s 64→64 max-rate run (batch 16): before ${rss_before} kB, after ${rss_after} kB, peak ${rss_peak} kB"
-        log "$RSS_LINE"
-    fi
-    stop_server
 done
+
+RSS_LINE=""
+if [ "$LONG" = 1 ] && [[ " $SYSTEMS " == *" axhost "* ]]; then
+    start_axhost
+    rss_before=$(awk '/^VmRSS/ {print $2}' "/proc/$SERVER_PID/status")
+    log "axhost long run: ${LONG_SECONDS}s 64x64 max batch 16, RSS before ${rss_before} kB"
+    run_case axhost 64x64 max 16 long "$LONG_SECONDS"
+    rss_after=$(awk '/^VmRSS/ {print $2}' "/proc/$SERVER_PID/status")
+    rss_peak=$(awk '/^VmHWM/ {print $2}' "/proc/$SERVER_PID/status")
+    RSS_LINE="axhost RSS around a ${LONG_SECONDS} s 64→64 max-rate run (batch 16): before ${rss_before} kB, after ${rss_after} kB, peak ${rss_peak} kB"
+    log "$RSS_LINE"
+    stop_server
+fi
 
 # ---------------------------------------------------------------------------------------------
 # Medians (each metric separately, over the reps that succeeded).
@@ -278,6 +296,23 @@ ratio() { # numerator-system denominator-system case
     awk -v a="$a" -v b="$b" 'BEGIN { if (a=="-" || b=="-" || b==0) print "n/a"; else printf "%.2f", a/b }'
 }
 
+# Per-rep ratios: within a rep the systems' runs of one case go back to back, so their ratio is
+# less exposed to the VM's drift than the ratio of medians. Prints "r1, r2, ... (median m)".
+paired() { # numerator-system denominator-system case
+    awk -F'\t' -v a="$1" -v b="$2" -v c="$3" '
+        $2==c && $3!="long" && $5!="ERR" { if ($1==a) num[$3]=$5; if ($1==b) den[$3]=$5 }
+        END {
+            n = 0
+            for (r in num) if ((r in den) && den[r] > 0) v[++n] = num[r] / den[r]
+            if (n == 0) { print "n/a"; exit }
+            for (i = 2; i <= n; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; j--) v[j+1] = v[j]; v[j+1] = x }
+            out = ""
+            for (i = 1; i <= n; i++) out = out (i > 1 ? ", " : "") sprintf("%.2f", v[i])
+            m = (n % 2) ? v[(n+1)/2] : (v[n/2] + v[n/2+1]) / 2
+            printf "%s (median %.2f)\n", out, m
+        }' "$RESULTS"
+}
+
 mkdir -p "$ROOT/benches/results"
 OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
 {
@@ -285,7 +320,8 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo
     echo "$(date -u +%FT%TZ), ${REPS} rep(s) × ${DURATION} s (+${WARMUP} s warmup) per case, medians."
     echo "Payload ${SIZE} B; sender i sends its k-th message to receiver (i+k) mod M; servers on CPU"
-    echo "$SERVER_CPU, \`axhost-load\` ($LOAD_THREADS thread(s)) on CPU $LOAD_CPU. msg/s = delivered at receivers in the"
+    echo "$SERVER_CPU, \`axhost-load\` ($LOAD_THREADS thread(s)) on CPU $LOAD_CPU; a fresh server per run, the systems taking"
+    echo "turns case by case in a rotating order. msg/s = delivered at receivers in the"
     echo "window; lost = sent − received after the drain (axhost drops notifications above its 1 MiB"
     echo "per-connection soft queue)."
     echo
@@ -298,7 +334,7 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     if [[ " $SYSTEMS " == *" axhost "* ]]; then
         for other in redis nats; do
             [[ " $SYSTEMS " == *" $other "* ]] || continue
-            echo "- axhost/$other delivered msg/s, 1→1 max: $(ratio axhost "$other" "1x1/max/1")"
+            echo "- axhost/$other delivered msg/s, 1→1 max: $(ratio axhost "$other" "1x1/max/1") (ratio of medians); per rep, sorted: $(paired axhost "$other" "1x1/max/1")"
         done
     fi
     [ -n "$RSS_LINE" ] && echo "- $RSS_LINE"
