@@ -96,23 +96,33 @@ stop_server() {
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# A port below the kernel's ephemeral range: the load tool's own sockets (and the thousands it
+# leaves in TIME_WAIT over a full run) take their local ports from that range, and a server
+# asked to listen on one of those fails to bind.
 free_port() {
-    local p
+    local p low
+    low=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    [ "$low" -gt 11024 ] || die "ephemeral port range starts at $low: no room below it for servers"
     for _ in $(seq 1 200); do
-        p=$((20000 + RANDOM % 30000))
+        p=$((10000 + RANDOM % (low - 10000)))
         if ! port_open "$p"; then echo "$p"; return 0; fi
     done
     die "no free port found"
 }
 
+# wait_port PORT: 0 once the server listens on PORT, 1 if it exited first; dies after 10 s.
 wait_port() {
-    local port=$1 name=$2
+    local port=$1
     for _ in $(seq 1 200); do
         port_open "$port" && return 0
-        kill -0 "$SERVER_PID" 2>/dev/null || die "$name exited at start (see $TMP/$name.log)"
+        if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+            wait "$SERVER_PID" 2>/dev/null || true
+            SERVER_PID=""
+            return 1
+        fi
         sleep 0.05
     done
-    die "$name did not listen on $port within 10 s"
+    die "server did not listen on $port within 10 s"
 }
 
 ADDR=""
@@ -137,23 +147,32 @@ start_axhost() {
     ADDR=${line#ws://}
 }
 
+# start_listening NAME COMMAND...: starts a server whose command line ends in its port (the
+# literal word PORT is replaced), pinned to SERVER_CPU; a start that fails (a port taken between
+# the check and the bind) is retried on another port.
+start_listening() {
+    local name=$1 port attempt
+    shift
+    for attempt in 1 2 3; do
+        port=$(free_port)
+        taskset -c "$SERVER_CPU" "${@/#PORT/$port}" >"$TMP/$name.log" 2>&1 &
+        SERVER_PID=$!
+        if wait_port "$port"; then
+            ADDR="127.0.0.1:$port"
+            return 0
+        fi
+        log "$name exited at start on port $port (attempt $attempt): $(tail -n 2 "$TMP/$name.log")"
+    done
+    die "$name would not start"
+}
+
 start_redis() {
-    local port
-    port=$(free_port)
-    taskset -c "$SERVER_CPU" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-        --daemonize no --logfile "" >"$TMP/redis.log" 2>&1 &
-    SERVER_PID=$!
-    wait_port "$port" redis
-    ADDR="127.0.0.1:$port"
+    start_listening redis redis-server --port PORT --bind 127.0.0.1 --save '' --appendonly no \
+        --daemonize no --logfile ""
 }
 
 start_nats() {
-    local port
-    port=$(free_port)
-    taskset -c "$SERVER_CPU" nats-server -a 127.0.0.1 -p "$port" >"$TMP/nats.log" 2>&1 &
-    SERVER_PID=$!
-    wait_port "$port" nats
-    ADDR="127.0.0.1:$port"
+    start_listening nats nats-server -a 127.0.0.1 -p PORT
 }
 
 # ---------------------------------------------------------------------------------------------
