@@ -1,6 +1,7 @@
 //! Black-box checks of the `axhost-load` binary: clear errors (never panics) when the server is
 //! missing, refuses or closes; and short real runs against an `axhost` binary (`AXHOST_BIN`, or
-//! the one built beside this tool), on one thread and on several. `benches/compare.sh` is the full end-to-end check with Redis and NATS.
+//! the one built beside this tool), on one thread and on several. `benches/compare.sh` is the
+//! full end-to-end check with Redis and NATS.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;

@@ -10,8 +10,9 @@
 //!
 //! So a wait spins (polls with a zero timeout) for up to the budget only when both hold:
 //! - the previous wait ended within the budget: events come closer together than the budget;
-//! - the driver was busy (between waits) for at least half of its recent time: the core is
-//!   mostly used already, so spinning costs little and removes the wake-ups where they hurt.
+//! - the driver was busy (between waits) for at least `BUSY_PERCENT_MIN` (40%) of its recent
+//!   time: the core is largely used already, so spinning costs little and removes the wake-ups
+//!   where they hurt.
 //!
 //! An idle or lightly loaded host never spins, and the end of a burst wastes at most one
 //! budget. "Recent" is a decayed sum over the last few dozen wait/work cycles. Measured at 1→1
