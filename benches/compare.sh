@@ -214,14 +214,6 @@ run_case() {
         "$(jfield lost "$json")" "$(jfield lag_p99_us "$json")" "$(( $(steal_ms) - steal0 ))" >>"$RESULTS"
 }
 
-start_server() {
-    case "$1" in
-        axhost) start_axhost ;;
-        redis) start_redis ;;
-        nats) start_nats ;;
-    esac
-}
-
 # Every run gets a fresh server, so nothing a case leaves behind (queued bytes, grown buffers,
 # heap) reaches the next one. The systems take turns case by case, and the order rotates with
 # the case and the rep, so each system goes first equally often: on a shared VM whose speed
@@ -229,10 +221,7 @@ start_server() {
 # whichever system ran last.
 read -r -a SYSTEM_LIST <<<"$SYSTEMS"
 for system in "${SYSTEM_LIST[@]}"; do
-    case "$system" in
-        axhost | redis | nats) ;;
-        *) die "unknown system $system (axhost, redis, nats)" ;;
-    esac
+    declare -F "start_$system" >/dev/null || die "unknown system $system (axhost, redis, nats)"
 done
 n_systems=${#SYSTEM_LIST[@]}
 for rep in $(seq 1 "$REPS"); do
@@ -240,7 +229,7 @@ for rep in $(seq 1 "$REPS"); do
         read -r shape rate batch <<<"${CASES[$i]}"
         for k in $(seq 0 $((n_systems - 1))); do
             system=${SYSTEM_LIST[$(((rep - 1 + i + k) % n_systems))]}
-            start_server "$system"
+            "start_$system"
             run_case "$system" "$shape" "$rate" "$batch" "$rep" "$DURATION"
             stop_server
         done
@@ -262,9 +251,13 @@ fi
 
 # ---------------------------------------------------------------------------------------------
 # Medians (each metric separately, over the reps that succeeded).
+# The median of the numbers on stdin, one per line; "-" when there are none.
+median_of() {
+    sort -g | awk '{v[NR]=$1} END { if (NR==0) print "-"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2 }'
+}
 median() { # system case column
     awk -F'\t' -v s="$1" -v c="$2" -v col="$3" '$1==s && $2==c && $3!="long" && $col!="ERR" {print $col}' "$RESULTS" |
-        sort -g | awk '{v[NR]=$1} END { if (NR==0) { print "-" } else if (NR%2) { print v[(NR+1)/2] } else { printf "%.1f\n", (v[NR/2]+v[NR/2+1])/2 } }'
+        median_of
 }
 fmt_rate() { awk -v v="$1" 'BEGIN { if (v=="-") print "fail"; else if (v>=1e6) printf "%.2fM", v/1e6; else if (v>=1e3) printf "%.1fk", v/1e3; else printf "%.0f", v }'; }
 fmt_us() { awk -v v="$1" 'BEGIN { if (v=="-") print "-"; else if (v>=1000) printf "%.0f", v; else printf "%.1f", v }'; }
@@ -318,18 +311,13 @@ ratio() { # numerator-system denominator-system case
 # Per-rep ratios: within a rep the systems' runs of one case go back to back, so their ratio is
 # less exposed to the VM's drift than the ratio of medians. Prints "r1, r2, ... (median m)".
 paired() { # numerator-system denominator-system case
-    awk -F'\t' -v a="$1" -v b="$2" -v c="$3" '
+    local ratios
+    ratios=$(awk -F'\t' -v a="$1" -v b="$2" -v c="$3" '
         $2==c && $3!="long" && $5!="ERR" { if ($1==a) num[$3]=$5; if ($1==b) den[$3]=$5 }
-        END {
-            n = 0
-            for (r in num) if ((r in den) && den[r] > 0) v[++n] = num[r] / den[r]
-            if (n == 0) { print "n/a"; exit }
-            for (i = 2; i <= n; i++) { x = v[i]; for (j = i - 1; j >= 1 && v[j] > x; j--) v[j+1] = v[j]; v[j+1] = x }
-            out = ""
-            for (i = 1; i <= n; i++) out = out (i > 1 ? ", " : "") sprintf("%.2f", v[i])
-            m = (n % 2) ? v[(n+1)/2] : (v[n/2] + v[n/2+1]) / 2
-            printf "%s (median %.2f)\n", out, m
-        }' "$RESULTS"
+        END { for (r in num) if ((r in den) && den[r] > 0) printf "%.2f\n", num[r] / den[r] }' "$RESULTS" |
+        sort -g)
+    [ -n "$ratios" ] || { echo "n/a"; return 0; }
+    echo "$(paste -sd, <<<"$ratios" | sed 's/,/, /g') (median $(median_of <<<"$ratios"))"
 }
 
 mkdir -p "$ROOT/benches/results"
