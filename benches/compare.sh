@@ -9,7 +9,8 @@
 # Environment overrides: DURATION (s, default 10), REPS (3), WARMUP (s, 1), SYSTEMS
 # ("axhost redis nats"), SHAPES ("1x1 1x16 16x16 64x64"), RATES ("10k 100k max"),
 # SIZE (payload bytes, 200), SERVER_CPU (0), LOAD_CPU (1; a taskset list such as 1-3 on a larger
-# machine), LOAD_THREADS (1; one per CPU in LOAD_CPU), LONG_SECONDS (60), OUT (result file).
+# machine), LOAD_THREADS (1; one per CPU in LOAD_CPU), LONG_SECONDS (60), OUT (result file),
+# PROBE (1; 0 runs without the stall probe beside each run).
 #
 # Every server runs pinned to SERVER_CPU, the load tool to LOAD_CPU. Every run gets a fresh
 # server, and the systems take turns case by case (order rotated), so a VM that drifts over
@@ -28,12 +29,13 @@ LOAD_CPU=${LOAD_CPU:-1}
 LOAD_THREADS=${LOAD_THREADS:-1}
 LONG_SECONDS=${LONG_SECONDS:-60}
 SIZE=${SIZE:-200}
+PROBE=${PROBE:-1}
 LONG=0
 
 for arg in "$@"; do
     case "$arg" in
         --long) LONG=1 ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "compare.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -71,11 +73,31 @@ log "building axhost and axhost-load (release)"
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 AXHOST="$TARGET_DIR/release/axhost"
 LOAD="$TARGET_DIR/release/axhost-load"
-[ -x "$AXHOST" ] && [ -x "$LOAD" ] || die "release binaries not found under $TARGET_DIR/release"
+PROBE_BIN="$TARGET_DIR/release/axhost-stall-probe"
+[ -x "$AXHOST" ] && [ -x "$LOAD" ] && [ -x "$PROBE_BIN" ] || die "release binaries not found under $TARGET_DIR/release"
+
+# The stall probe runs beside every run on the server's CPU and the (first) load CPU, at a
+# real-time priority when the kernel allows it, so that a late wake is the machine's pause and
+# not a busy server's turn. Without the priority it would mostly measure the server.
+PROBE_CPUS="$SERVER_CPU ${LOAD_CPU%%[,-]*}"
+PROBE_PRIO=()
+if [ "$PROBE" = 1 ]; then
+    if chrt -f 50 true 2>/dev/null; then
+        PROBE_PRIO=(chrt -f 50)
+    elif $SUDO chrt -f 50 true 2>/dev/null; then
+        PROBE_PRIO=($SUDO chrt -f 50)
+    else
+        log "chrt -f refused: no stall probe (set PROBE=0 to silence this)"
+        PROBE=0
+    fi
+fi
 
 TMP=$(mktemp -d -t axhost-compare.XXXXXX)
 SERVER_PID=""
+PROBE_PIDS=()
 cleanup() {
+    local pid
+    for pid in "${PROBE_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
         kill "$SERVER_PID" 2>/dev/null || true
         wait "$SERVER_PID" 2>/dev/null || true
@@ -184,6 +206,7 @@ done
 case " $SHAPES " in *" 64x64 "*) case " $RATES " in *" max "*) CASES+=("64x64 max 16") ;; esac ;; esac
 
 # system case rep sent_per_s delivered_per_s p50 p99 p999 max lost lag_p99 steal_ms
+# stall_server_ms stall_load_ms
 RESULTS="$TMP/results.tsv"
 : >"$RESULTS"
 
@@ -194,24 +217,57 @@ steal_ms() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / {print int($9 * 1000 / hz)}
 # Reads one field of the tool's flat JSON line.
 jfield() { sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$2"; }
 
+# start_probes SECONDS: one stall probe per CPU in PROBE_CPUS, in the background, each writing
+# its JSON line to $TMP/probe.CPU. stalled_ms CPU: what that probe measured ("-" without one).
+start_probes() {
+    PROBE_PIDS=()
+    [ "$PROBE" = 1 ] || return 0
+    local cpu
+    for cpu in $PROBE_CPUS; do
+        : >"$TMP/probe.$cpu"
+        taskset -c "$cpu" "${PROBE_PRIO[@]}" "$PROBE_BIN" --duration-us "$(($1 * 1000000))" \
+            >"$TMP/probe.$cpu" 2>/dev/null &
+        PROBE_PIDS+=($!)
+    done
+}
+wait_probes() {
+    local pid
+    for pid in "${PROBE_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+    PROBE_PIDS=()
+}
+stalled_ms() {
+    local v=""
+    [ "$PROBE" = 1 ] && v=$(jfield stalled_ms "$(cat "$TMP/probe.$1" 2>/dev/null)")
+    echo "${v:--}"
+}
+
 run_case() {
     local system=$1 shape=$2 rate=$3 batch=$4 rep=$5 duration=$6
     local senders=${shape%x*} receivers=${shape#*x}
-    local out json steal0
+    local out json steal0 load_ok=1
     steal0=$(steal_ms)
+    # The probes cover warmup and window; the tool's setup before them is short.
+    start_probes $((WARMUP + duration))
     if ! out=$(AXHOST_TOKEN="$TOKEN" taskset -c "$LOAD_CPU" "$LOAD" --target "$system" --addr "$ADDR" \
         --senders "$senders" --receivers "$receivers" --rate "$rate" --batch "$batch" --size "$SIZE" \
         --threads "$LOAD_THREADS" --duration "${duration}s" --warmup "${WARMUP}s" --json 2>"$TMP/load.err"); then
+        load_ok=0
+    fi
+    wait_probes
+    if [ "$load_ok" = 0 ]; then
         log "  $system $shape rate=$rate batch=$batch rep $rep FAILED: $(tail -n 3 "$TMP/load.err")"
-        printf '%s\t%s\t%s\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\n' "$system" "$shape/$rate/$batch" "$rep" >>"$RESULTS"
+        printf '%s\t%s\t%s\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\n' "$system" "$shape/$rate/$batch" "$rep" >>"$RESULTS"
         return 0
     fi
     log "  $(head -n 1 <<<"$out")"
     json=$(grep '^{' <<<"$out" | tail -n 1)
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$system" "$shape/$rate/$batch" "$rep" \
+    local server_cpu load_cpu
+    read -r server_cpu load_cpu <<<"$PROBE_CPUS"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$system" "$shape/$rate/$batch" "$rep" \
         "$(jfield sent_per_s "$json")" "$(jfield delivered_per_s "$json")" "$(jfield p50_us "$json")" \
         "$(jfield p99_us "$json")" "$(jfield p999_us "$json")" "$(jfield max_us "$json")" \
-        "$(jfield lost "$json")" "$(jfield lag_p99_us "$json")" "$(( $(steal_ms) - steal0 ))" >>"$RESULTS"
+        "$(jfield lost "$json")" "$(jfield lag_p99_us "$json")" "$(( $(steal_ms) - steal0 ))" \
+        "$(stalled_ms "$server_cpu")" "$(stalled_ms "$load_cpu")" >>"$RESULTS"
 }
 
 # Every run gets a fresh server, so nothing a case leaves behind (queued bytes, grown buffers,
@@ -295,11 +351,33 @@ result_cells() {
         "$(median "$1" "$2" 10) |"
 }
 
-# Fixed-rate cases: how late the load tool itself sent (p99 of build time minus scheduled time)
-# and how much CPU the hypervisor stole during the run. A latency close to the tool's lag is the
-# tool's; a p99 of milliseconds with tens of ms of steal is the machine's.
-context_head() { echo "$1 tool lag p99 µs | $1 steal ms |"; }
-context_cells() { echo "$(fmt_us "$(median "$1" "$2" 11)") | $(median "$1" "$2" 12) |"; }
+# Fixed-rate cases: how late the load tool itself sent (p99 of build time minus scheduled time),
+# how much CPU the hypervisor stole during the run, and how long the stall probes found each CPU
+# paused. A latency close to the tool's lag is the tool's; a p99 of milliseconds in a run whose
+# CPUs paused for tens of ms is the machine's.
+context_head() { echo "$1 tool lag p99 µs | $1 steal ms | $1 stalled ms (server / load CPU) |"; }
+context_cells() {
+    echo "$(fmt_us "$(median "$1" "$2" 11)") | $(median "$1" "$2" 12) |" \
+        "$(median "$1" "$2" 13) / $(median "$1" "$2" 14) |"
+}
+
+# The same latencies over the quiet runs only: those in which neither probe woke more than
+# 500 µs late. Not a replacement for the medians above, which count every run; it shows what
+# each server does when the machine does not pause it.
+quiet_median() { # system case column
+    awk -F'\t' -v s="$1" -v c="$2" -v col="$3" \
+        '$1==s && $2==c && $3!="long" && $col!="ERR" && $13=="0.0" && $14=="0.0" {print $col}' "$RESULTS" |
+        median_of
+}
+quiet_runs() { # system case
+    awk -F'\t' -v s="$1" -v c="$2" '$1==s && $2==c && $3!="long" && $5!="ERR" { n++; if ($13=="0.0" && $14=="0.0") q++ }
+        END { printf "%d of %d", q, n }' "$RESULTS"
+}
+quiet_head() { echo "$1 quiet runs | $1 p50 / p99 µs |"; }
+quiet_cells() {
+    echo "$(quiet_runs "$1" "$2") |" \
+        "$(fmt_us "$(quiet_median "$1" "$2" 6)") / $(fmt_us "$(quiet_median "$1" "$2" 7)") |"
+}
 
 ratio() { # numerator-system denominator-system case
     local a b
@@ -334,10 +412,19 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo
     md_table result_head result_cells
     echo
-    echo "The load tool's own lateness and the CPU steal in the fixed-rate runs (medians):"
+    echo "The load tool's own lateness, the CPU steal and the CPUs' pauses (\`axhost-stall-probe\`:"
+    echo "a 1 ms real-time tick on each CPU; summed lateness of wakes more than 500 µs late) in the"
+    echo "fixed-rate runs (medians):"
     echo
     md_table context_head context_cells fixed
     echo
+    if [ "$PROBE" = 1 ]; then
+        echo "Latency medians over the quiet runs only (neither probe woke more than 500 µs late);"
+        echo "the medians above count every run:"
+        echo
+        md_table quiet_head quiet_cells fixed
+        echo
+    fi
     if [[ " $SYSTEMS " == *" axhost "* ]]; then
         for other in redis nats; do
             [[ " $SYSTEMS " == *" $other "* ]] || continue
@@ -357,7 +444,7 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo "## Raw runs"
     echo
     echo '```'
-    printf 'system\tcase\trep\tsent/s\tdelivered/s\tp50\tp99\tp99.9\tmax\tlost\tlag_p99\tsteal_ms\n'
+    printf 'system\tcase\trep\tsent/s\tdelivered/s\tp50\tp99\tp99.9\tmax\tlost\tlag_p99\tsteal_ms\tstall_srv_ms\tstall_load_ms\n'
     cat "$RESULTS"
     echo '```'
 } >"$OUT.tmp"
