@@ -14,50 +14,30 @@
 //! Prints one JSON line: ticks, how many woke more than 500 µs late and their summed lateness,
 //! the same over 2 ms, and the worst.
 
-use std::process::ExitCode;
 use std::thread;
 use std::time::{Duration, Instant};
+
+use clap::Parser;
 
 /// A wake this late counts as a stall: the p99 target the comparison checks is 500 µs.
 const STALL_US: u64 = 500;
 const LONG_STALL_US: u64 = 2_000;
 
+/// Parsed by clap like `axhost-load`; bad or out-of-range values exit with status 2.
+#[derive(Parser, Debug)]
+#[command(
+    name = "axhost-stall-probe",
+    about = "How long the machine pauses this CPU: the late wakes of a fixed tick"
+)]
 struct Options {
-    duration: Duration,
-    tick: Duration,
-}
-
-fn parse_micros(flag: &str, value: Option<String>) -> Result<Duration, String> {
-    let value = value.ok_or_else(|| format!("{flag} needs a value in microseconds"))?;
-    let us: u64 = value
-        .parse()
-        .map_err(|_| format!("{flag} {value:?}: expected whole microseconds"))?;
-    Ok(Duration::from_micros(us))
-}
-
-fn parse_args() -> Result<Options, String> {
-    let mut options = Options {
-        duration: Duration::from_secs(10),
-        tick: Duration::from_millis(1),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--duration-us" => options.duration = parse_micros(&arg, args.next())?,
-            "--tick-us" => options.tick = parse_micros(&arg, args.next())?,
-            "-h" | "--help" => {
-                return Err("usage: axhost-stall-probe [--duration-us N] [--tick-us N]".into());
-            }
-            other => return Err(format!("unknown argument {other:?} (try --help)")),
-        }
-    }
-    if options.tick < Duration::from_micros(100) || options.tick > Duration::from_secs(1) {
-        return Err("--tick-us must be between 100 and 1000000".into());
-    }
-    if options.duration > Duration::from_secs(3600) {
-        return Err("--duration-us must be at most one hour".into());
-    }
-    Ok(options)
+    /// How long to probe, in microseconds (at most one hour).
+    #[arg(long = "duration-us", default_value_t = 10_000_000,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000_000))]
+    duration_us: u64,
+    /// The tick, in microseconds.
+    #[arg(long = "tick-us", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(100..=1_000_000))]
+    tick_us: u64,
 }
 
 #[derive(Default)]
@@ -99,11 +79,11 @@ impl Stalls {
     }
 }
 
-fn probe(options: &Options) -> Stalls {
+fn probe(duration: Duration, tick: Duration) -> Stalls {
     let start = Instant::now();
-    let end = start + options.duration;
+    let end = start + duration;
     let mut stalls = Stalls::default();
-    let mut deadline = start + options.tick;
+    let mut deadline = start + tick;
     while deadline <= end {
         let now = Instant::now();
         if deadline > now {
@@ -112,22 +92,18 @@ fn probe(options: &Options) -> Stalls {
         let woke = Instant::now();
         stalls.record(woke.saturating_duration_since(deadline));
         // After a stall, start again from now: the ticks it swallowed are not stalls of their own.
-        deadline = woke.max(deadline) + options.tick;
+        deadline = woke.max(deadline) + tick;
     }
     stalls
 }
 
-fn main() -> ExitCode {
-    match parse_args() {
-        Ok(options) => {
-            println!("{}", probe(&options).json());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("axhost-stall-probe: {e}");
-            ExitCode::from(2)
-        }
-    }
+fn main() {
+    let options = Options::parse();
+    let stalls = probe(
+        Duration::from_micros(options.duration_us),
+        Duration::from_micros(options.tick_us),
+    );
+    println!("{}", stalls.json());
 }
 
 #[cfg(test)]
@@ -149,10 +125,26 @@ mod tests {
 
     #[test]
     fn a_short_probe_ticks() {
-        let s = probe(&Options {
-            duration: Duration::from_millis(20),
-            tick: Duration::from_millis(1),
-        });
+        let s = probe(Duration::from_millis(20), Duration::from_millis(1));
         assert!(s.ticks >= 1 && s.ticks <= 20, "{} ticks", s.ticks);
+    }
+
+    #[test]
+    fn arguments_are_bounded() {
+        let o = Options::try_parse_from(["probe"]).expect("defaults");
+        assert_eq!((o.duration_us, o.tick_us), (10_000_000, 1_000));
+        let o = Options::try_parse_from(["probe", "--duration-us", "7000000", "--tick-us", "100"])
+            .expect("in range");
+        assert_eq!((o.duration_us, o.tick_us), (7_000_000, 100));
+        for bad in [
+            &["probe", "--tick-us", "99"][..],
+            &["probe", "--tick-us", "1000001"],
+            &["probe", "--duration-us", "3600000001"],
+            &["probe", "--duration-us", "-1"],
+            &["probe", "--duration-us"],
+            &["probe", "--ticks", "5"],
+        ] {
+            assert!(Options::try_parse_from(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }
