@@ -79,7 +79,8 @@ PROBE_BIN="$TARGET_DIR/release/axhost-stall-probe"
 # The stall probe runs beside every run on the server's CPU and the (first) load CPU, at a
 # real-time priority when the kernel allows it, so that a late wake is the machine's pause and
 # not a busy server's turn. Without the priority it would mostly measure the server.
-PROBE_CPUS="$SERVER_CPU ${LOAD_CPU%%[,-]*}"
+PROBE_SERVER_CPU=$SERVER_CPU
+PROBE_LOAD_CPU=${LOAD_CPU%%[,-]*}
 PROBE_PRIO=()
 if [ "$PROBE" = 1 ]; then
     if chrt -f 50 true 2>/dev/null; then
@@ -217,14 +218,13 @@ steal_ms() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / {print int($9 * 1000 / hz)}
 # Reads one field of the tool's flat JSON line.
 jfield() { sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$2"; }
 
-# start_probes SECONDS: one stall probe per CPU in PROBE_CPUS, in the background, each writing
-# its JSON line to $TMP/probe.CPU. stalled_ms CPU: what that probe measured ("-" without one).
+# start_probes SECONDS: one stall probe on the server's CPU and one on the load tool's, in the
+# background, each writing its JSON line to $TMP/probe.CPU. stalled_ms CPU: what that probe
+# measured ("-" without one).
 start_probes() {
-    PROBE_PIDS=()
     [ "$PROBE" = 1 ] || return 0
     local cpu
-    for cpu in $PROBE_CPUS; do
-        : >"$TMP/probe.$cpu"
+    for cpu in "$PROBE_SERVER_CPU" "$PROBE_LOAD_CPU"; do
         taskset -c "$cpu" "${PROBE_PRIO[@]}" "$PROBE_BIN" --duration-us "$(($1 * 1000000))" \
             >"$TMP/probe.$cpu" 2>/dev/null &
         PROBE_PIDS+=($!)
@@ -261,13 +261,11 @@ run_case() {
     fi
     log "  $(head -n 1 <<<"$out")"
     json=$(grep '^{' <<<"$out" | tail -n 1)
-    local server_cpu load_cpu
-    read -r server_cpu load_cpu <<<"$PROBE_CPUS"
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$system" "$shape/$rate/$batch" "$rep" \
         "$(jfield sent_per_s "$json")" "$(jfield delivered_per_s "$json")" "$(jfield p50_us "$json")" \
         "$(jfield p99_us "$json")" "$(jfield p999_us "$json")" "$(jfield max_us "$json")" \
         "$(jfield lost "$json")" "$(jfield lag_p99_us "$json")" "$(( $(steal_ms) - steal0 ))" \
-        "$(stalled_ms "$server_cpu")" "$(stalled_ms "$load_cpu")" >>"$RESULTS"
+        "$(stalled_ms "$PROBE_SERVER_CPU")" "$(stalled_ms "$PROBE_LOAD_CPU")" >>"$RESULTS"
 }
 
 # Every run gets a fresh server, so nothing a case leaves behind (queued bytes, grown buffers,
@@ -311,8 +309,13 @@ fi
 median_of() {
     sort -g | awk '{v[NR]=$1} END { if (NR==0) print "-"; else if (NR%2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2 }'
 }
-median() { # system case column
-    awk -F'\t' -v s="$1" -v c="$2" -v col="$3" '$1==s && $2==c && $3!="long" && $col!="ERR" {print $col}' "$RESULTS" |
+# A quiet run: neither stall probe woke more than 500 µs late (columns 13 and 14).
+QUIET='$13=="0.0" && $14=="0.0"'
+median() { # system case column [quiet: only the quiet runs]
+    local only=1
+    [ "${4:-}" = quiet ] && only=$QUIET
+    awk -F'\t' -v s="$1" -v c="$2" -v col="$3" \
+        '$1==s && $2==c && $3!="long" && $col!="ERR" && ('"$only"') {print $col}' "$RESULTS" |
         median_of
 }
 fmt_rate() { awk -v v="$1" 'BEGIN { if (v=="-") print "fail"; else if (v>=1e6) printf "%.2fM", v/1e6; else if (v>=1e3) printf "%.1fk", v/1e3; else printf "%.0f", v }'; }
@@ -364,19 +367,15 @@ context_cells() {
 # The same latencies over the quiet runs only: those in which neither probe woke more than
 # 500 µs late. Not a replacement for the medians above, which count every run; it shows what
 # each server does when the machine does not pause it.
-quiet_median() { # system case column
-    awk -F'\t' -v s="$1" -v c="$2" -v col="$3" \
-        '$1==s && $2==c && $3!="long" && $col!="ERR" && $13=="0.0" && $14=="0.0" {print $col}' "$RESULTS" |
-        median_of
-}
 quiet_runs() { # system case
-    awk -F'\t' -v s="$1" -v c="$2" '$1==s && $2==c && $3!="long" && $5!="ERR" { n++; if ($13=="0.0" && $14=="0.0") q++ }
-        END { printf "%d of %d", q, n }' "$RESULTS"
+    awk -F'\t' -v s="$1" -v c="$2" \
+        '$1==s && $2==c && $3!="long" && $5!="ERR" { n++; if ('"$QUIET"') q++ } END { printf "%d of %d", q, n }' \
+        "$RESULTS"
 }
 quiet_head() { echo "$1 quiet runs | $1 p50 / p99 µs |"; }
 quiet_cells() {
     echo "$(quiet_runs "$1" "$2") |" \
-        "$(fmt_us "$(quiet_median "$1" "$2" 6)") / $(fmt_us "$(quiet_median "$1" "$2" 7)") |"
+        "$(fmt_us "$(median "$1" "$2" 6 quiet)") / $(fmt_us "$(median "$1" "$2" 7 quiet)") |"
 }
 
 ratio() { # numerator-system denominator-system case
