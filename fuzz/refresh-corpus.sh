@@ -11,14 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 limit="${1:-20}"
 shift || true
-if [ "$#" -gt 0 ]; then
-  targets=("$@")
-else
-  targets=(envelope envelope_structured websocket host_sequence)
-fi
-export RUSTC_BOOTSTRAP=1
-sanitizer=address
-cargo fuzz build -s address >/dev/null 2>&1 || sanitizer=none
+source ./setup.sh "$@"
 
 for target in "${targets[@]}"; do
   [ -d "work/$target" ] || { echo "$target: no fuzz/work/$target (run fuzz/run.sh first)"; continue; }

@@ -9,24 +9,7 @@ set -uo pipefail
 cd "$(dirname "$0")"
 seconds="${1:-600}"
 shift || true
-if [ "$#" -gt 0 ]; then
-  targets=("$@")
-else
-  targets=(envelope envelope_structured websocket host_sequence)
-fi
-
-if ! cargo fuzz --version >/dev/null 2>&1; then
-  cargo install cargo-fuzz --locked
-fi
-# cargo-fuzz passes nightly-only flags (-Zsanitizer, sancov); stable rustc accepts them with this.
-export RUSTC_BOOTSTRAP=1
-
-sanitizer=address
-if ! cargo fuzz build -s address >/dev/null 2>&1; then
-  echo "AddressSanitizer build failed on this toolchain; fuzzing without a sanitizer" >&2
-  sanitizer=none
-  cargo fuzz build -s none || exit 1
-fi
+source ./setup.sh "$@"
 
 status=0
 summary=()
