@@ -11,8 +11,16 @@
 //! it. It costs one wake-up per tick. It misses the part of a pause that ends before the next
 //! deadline, so its totals are a lower bound; pauses of several ms are measured whole.
 //!
-//! Prints one JSON line: ticks, how many woke more than 500 µs late and their summed lateness,
-//! the same over 2 ms, and the worst.
+//! `--spin` measures the other way: a busy loop reads the clock back to back, and any gap
+//! between two reads is time the CPU was taken away. This is the machine check `compare.sh`
+//! runs before its runs, one CPU busy and then both: on the 2-vCPU VM the results were measured
+//! on, one busy vCPU lost a few ms per 8 s, two busy at once lost tens of ms each
+//! (`docs/performance.md`). Do not give the spinning probe a real-time priority: the kernel
+//! throttles a real-time task that never sleeps (`sched_rt_runtime_us`), which would read as a
+//! pause.
+//!
+//! Prints one JSON line: the mode, the samples (ticks, or gaps over 50 µs when spinning), how
+//! many were more than 500 µs late and their summed lateness, the same over 2 ms, and the worst.
 
 use std::thread;
 use std::time::{Duration, Instant};
@@ -22,6 +30,9 @@ use clap::Parser;
 /// A wake this late counts as a stall: the p99 target the comparison checks is 500 µs.
 const STALL_US: u64 = 500;
 const LONG_STALL_US: u64 = 2_000;
+/// A spinning probe counts a gap between two clock reads from this length: shorter ones are
+/// interrupts and the clock read itself.
+const SPIN_GAP_US: u64 = 50;
 
 /// Parsed by clap like `axhost-load`; bad or out-of-range values exit with status 2.
 #[derive(Parser, Debug)]
@@ -38,11 +49,21 @@ struct Options {
     #[arg(long = "tick-us", default_value_t = 1_000,
           value_parser = clap::value_parser!(u64).range(100..=1_000_000))]
     tick_us: u64,
+    /// Spin instead of ticking: keep the CPU busy and count the gaps between clock reads.
+    #[arg(long)]
+    spin: bool,
+    /// With `--spin`: busy this share (percent) of every millisecond and sleep the rest, to load
+    /// a CPU partly (gaps are counted only while busy).
+    #[arg(long, default_value_t = 100, requires = "spin",
+          value_parser = clap::value_parser!(u64).range(1..=100))]
+    duty: u64,
 }
 
 #[derive(Default)]
 struct Stalls {
-    ticks: u64,
+    spin: bool,
+    /// Ticks, or when spinning the gaps of at least `SPIN_GAP_US`.
+    samples: u64,
     over: u64,
     over_us: u64,
     long: u64,
@@ -52,7 +73,7 @@ struct Stalls {
 
 impl Stalls {
     fn record(&mut self, late: Duration) {
-        self.ticks += 1;
+        self.samples += 1;
         let us = u64::try_from(late.as_micros()).unwrap_or(u64::MAX);
         self.max_us = self.max_us.max(us);
         if us > STALL_US {
@@ -66,10 +87,15 @@ impl Stalls {
     }
 
     fn json(&self) -> String {
+        let (mode, samples) = if self.spin {
+            ("spin", "gaps_over_50us")
+        } else {
+            ("tick", "ticks")
+        };
         format!(
-            "{{\"ticks\":{},\"stalls_over_500us\":{},\"stalled_ms\":{:.1},\"stalls_over_2ms\":{},\
-             \"long_stalled_ms\":{:.1},\"max_us\":{}}}",
-            self.ticks,
+            "{{\"mode\":\"{mode}\",\"{samples}\":{},\"stalls_over_500us\":{},\"stalled_ms\":{:.1},\
+             \"stalls_over_2ms\":{},\"long_stalled_ms\":{:.1},\"max_us\":{}}}",
+            self.samples,
             self.over,
             self.over_us as f64 / 1e3,
             self.long,
@@ -97,12 +123,44 @@ fn probe(duration: Duration, tick: Duration) -> Stalls {
     stalls
 }
 
+/// Spins for `duration`, busy `duty` percent of every millisecond (100: all of it).
+fn spin(duration: Duration, duty: u64) -> Stalls {
+    const PERIOD: Duration = Duration::from_millis(1);
+    let busy = PERIOD * u32::try_from(duty.min(100)).unwrap_or(100) / 100;
+    let start = Instant::now();
+    let mut stalls = Stalls {
+        spin: true,
+        ..Stalls::default()
+    };
+    let mut last = start;
+    let mut period_start = start;
+    loop {
+        let now = Instant::now();
+        let gap = now.saturating_duration_since(last);
+        if gap >= Duration::from_micros(SPIN_GAP_US) {
+            stalls.record(gap);
+        }
+        last = now;
+        if now.saturating_duration_since(start) >= duration {
+            return stalls;
+        }
+        if busy < PERIOD && now.saturating_duration_since(period_start) >= busy {
+            // The sleep is ours, not a pause: the next gap is measured from after it.
+            thread::sleep((period_start + PERIOD).saturating_duration_since(now));
+            period_start = Instant::now();
+            last = period_start;
+        }
+    }
+}
+
 fn main() {
     let options = Options::parse();
-    let stalls = probe(
-        Duration::from_micros(options.duration_us),
-        Duration::from_micros(options.tick_us),
-    );
+    let duration = Duration::from_micros(options.duration_us);
+    let stalls = if options.spin {
+        spin(duration, options.duty)
+    } else {
+        probe(duration, Duration::from_micros(options.tick_us))
+    };
     println!("{}", stalls.json());
 }
 
@@ -117,22 +175,44 @@ mod tests {
             s.record(Duration::from_micros(us));
         }
         assert_eq!(
-            (s.ticks, s.over, s.over_us, s.long, s.long_us, s.max_us),
+            (s.samples, s.over, s.over_us, s.long, s.long_us, s.max_us),
             (4, 2, 3_100, 1, 2_500, 2_500)
         );
         assert!(s.json().contains("\"stalled_ms\":3.1"));
+        assert!(s.json().starts_with("{\"mode\":\"tick\",\"ticks\":4,"));
+    }
+
+    #[test]
+    fn a_short_spin_ends_and_names_its_samples() {
+        let started = Instant::now();
+        let s = spin(Duration::from_millis(20), 100);
+        assert!(started.elapsed() >= Duration::from_millis(20));
+        assert!(s
+            .json()
+            .starts_with("{\"mode\":\"spin\",\"gaps_over_50us\":"));
+        // Half busy: the twenty sleeps of ~500 µs are not counted as pauses (a loaded test
+        // machine may still preempt the loop a few times).
+        let s = spin(Duration::from_millis(20), 50);
+        assert!(s.samples < 10, "{} gaps counted", s.samples);
     }
 
     #[test]
     fn a_short_probe_ticks() {
         let s = probe(Duration::from_millis(20), Duration::from_millis(1));
-        assert!(s.ticks >= 1 && s.ticks <= 20, "{} ticks", s.ticks);
+        assert!(s.samples >= 1 && s.samples <= 20, "{} ticks", s.samples);
     }
 
     #[test]
     fn arguments_are_bounded() {
         let o = Options::try_parse_from(["probe"]).expect("defaults");
-        assert_eq!((o.duration_us, o.tick_us), (10_000_000, 1_000));
+        assert_eq!(
+            (o.duration_us, o.tick_us, o.spin),
+            (10_000_000, 1_000, false)
+        );
+        let o = Options::try_parse_from(["probe", "--spin"]).expect("spin");
+        assert!(o.spin && o.duty == 100);
+        let o = Options::try_parse_from(["probe", "--spin", "--duty", "60"]).expect("duty");
+        assert_eq!(o.duty, 60);
         let o = Options::try_parse_from(["probe", "--duration-us", "7000000", "--tick-us", "100"])
             .expect("in range");
         assert_eq!((o.duration_us, o.tick_us), (7_000_000, 100));
@@ -143,6 +223,9 @@ mod tests {
             &["probe", "--duration-us", "-1"],
             &["probe", "--duration-us"],
             &["probe", "--ticks", "5"],
+            &["probe", "--duty", "50"],
+            &["probe", "--spin", "--duty", "0"],
+            &["probe", "--spin", "--duty", "101"],
         ] {
             assert!(Options::try_parse_from(bad).is_err(), "{bad:?} accepted");
         }
