@@ -13,9 +13,9 @@
 //!
 //! `--spin` measures the other way: a busy loop reads the clock back to back, and any gap
 //! between two reads is time the CPU was taken away. This is the machine check `compare.sh`
-//! runs before its runs, one CPU busy and then both: on the 2-vCPU VM the results were measured
-//! on, one busy vCPU lost a few ms per 8 s, two busy at once lost tens of ms each
-//! (`docs/performance.md`). Do not give the spinning probe a real-time priority: the kernel
+//! runs before and after its runs, one CPU busy and then both: on the 2-vCPU VM the results
+//! were measured on, one busy vCPU lost 0-11 ms per 8 s, and with both busy at once the
+//! more-paused one lost 33-58 ms (`docs/performance.md`). Do not give the spinning probe a real-time priority: the kernel
 //! throttles a real-time task that never sleeps (`sched_rt_runtime_us`), which would read as a
 //! pause.
 //!
