@@ -19,7 +19,7 @@
 # CONFIG_A / CONFIG_B (lines of axhost.toml for that side's host, e.g. 'busy_poll_us = 0').
 set -euo pipefail
 
-[ $# -eq 2 ] || { sed -n '2,7p' "$0"; exit 2; }
+[ $# -eq 2 ] || { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RUNS=${RUNS:-3}
 DURATION=${DURATION:-5}
@@ -40,7 +40,7 @@ one_run() {
     if [ -n "$config" ]; then
         # Top-level keys go before the file's first table.
         { printf '%s\n' "$config"; cat "$tmp/data/axhost.toml"; } >"$tmp/config"
-        mv "$tmp/config" "$tmp/data/axhost.toml"
+        cat "$tmp/config" >"$tmp/data/axhost.toml" # rewritten in place: keeps the file's mode
     fi
     RUST_LOG=warn taskset -c "$SERVER_CPU" "$bin" serve --listen 127.0.0.1:0 --data-dir "$tmp/data" \
         >"$tmp/out" 2>"$tmp/log" &

@@ -37,7 +37,7 @@ LONG=0
 for arg in "$@"; do
     case "$arg" in
         --long) LONG=1 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "compare.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -262,8 +262,11 @@ machine_check() {
     a=$!
     taskset -c "$PROBE_LOAD_CPU" "$PROBE_BIN" --spin --duration-us "$us" >"$TMP/check.b" &
     b=$!
+    # Known to cleanup, so an interrupted check does not leave two CPUs spinning.
+    PROBE_PIDS+=("$a" "$b")
     wait "$a" || true
     wait "$b" || true
+    PROBE_PIDS=()
     echo "$label|CPUs $PROBE_SERVER_CPU and $PROBE_LOAD_CPU busy at once|$(check_cell "$TMP/check.a") / $(check_cell "$TMP/check.b")" >>"$TMP/machine"
     log "  $(tail -n 3 "$TMP/machine" | cut -d'|' -f2- | paste -sd ';')"
 }
