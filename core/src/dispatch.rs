@@ -14,6 +14,8 @@ use ahp_types::actions::{
 };
 use ahp_types::notifications::{PartialSessionSummary, SessionSummaryChangedParams};
 use ahp_types::state::{MessageKind, PendingMessageKind};
+use std::collections::{BTreeMap, VecDeque};
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -183,6 +185,44 @@ pub(crate) fn canonical(v: &Value) -> String {
 }
 
 /// SHA-256 hex of the canonical form of `{method, params}`.
+/// How many dispatch receipts [`RecentDispatches`] keeps (about 200 bytes each).
+pub(crate) const RECENT_DISPATCHES_MAX: usize = 1024;
+
+/// The dispatch receipts this host committed lately, by (owner, key): each key's fingerprint
+/// as last committed. Bounded; the oldest key goes first. It only answers for keys it holds;
+/// the store is asked about the rest. A `BTreeMap`: the keys carry peer-chosen client ids, and
+/// the core takes no seeded hasher's randomness.
+#[derive(Default)]
+pub(crate) struct RecentDispatches {
+    fingerprints: BTreeMap<(String, String), String>,
+    order: VecDeque<(String, String)>,
+}
+
+impl RecentDispatches {
+    pub(crate) fn get(&self, owner: &str, key: &str) -> Option<&str> {
+        self.fingerprints
+            .get(&(owner.to_owned(), key.to_owned()))
+            .map(String::as_str)
+    }
+
+    pub(crate) fn insert(&mut self, owner: &str, key: String, fingerprint: String) {
+        let id = (owner.to_owned(), key);
+        if self.fingerprints.insert(id.clone(), fingerprint).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > RECENT_DISPATCHES_MAX {
+            if let Some(old) = self.order.pop_front() {
+                self.fingerprints.remove(&old);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.fingerprints.len()
+    }
+}
+
 pub(crate) fn fingerprint(method: &str, params: &Value) -> String {
     let digest =
         Sha256::digest(canonical(&json!({ "method": method, "params": params })).as_bytes());
@@ -254,15 +294,24 @@ impl<S: Store> Host<S> {
         });
         let key = format!("dispatch:{}:{}", origin.client_id, p.client_seq);
         let fingerprint = fingerprint("dispatchAction", &params_value);
-        match self.store.receipt(owner, &key) {
-            Err(_) => return Err(RpcError::commit_failed()),
-            // The same action under the same (clientId, clientSeq): a retry, already applied.
-            Ok(Some(r)) if r.fingerprint == fingerprint => return Ok(()),
-            // A different action under a used clientSeq is a restarted counter, not a retry: the
-            // official AHP clients start clientSeq at 1 on every connection. It is applied as a
-            // new action and its receipt replaces the old one. (The AXP host refuses it with
-            // -32011, which breaks every official client after its first reconnect.)
-            Ok(Some(_)) | Ok(None) => {}
+        // The receipts committed lately are known without the store: a retry usually follows
+        // its original within seconds (a client resending after a reconnect), and answering it
+        // from memory means a failing store read cannot turn an applied action's retry into a
+        // rejection, which would contradict the echo the client may already have.
+        let known = match self.recent_dispatches.get(owner, &key) {
+            Some(f) => Some(f == fingerprint),
+            None => match self.store.receipt(owner, &key) {
+                Err(_) => return Err(RpcError::commit_failed()),
+                Ok(r) => r.map(|r| r.fingerprint == fingerprint),
+            },
+        };
+        // The same action under the same (clientId, clientSeq): a retry, already applied.
+        // A different action under a used clientSeq is a restarted counter, not a retry: the
+        // official AHP clients start clientSeq at 1 on every connection. It is applied as a
+        // new action and its receipt replaces the old one. (The AXP host refuses it with
+        // -32011, which breaks every official client after its first reconnect.)
+        if known == Some(true) {
+            return Ok(());
         }
         if role != Role::Maintainer {
             return Err(RpcError::forbidden("Only maintainers can do this"));
@@ -304,11 +353,13 @@ impl<S: Store> Host<S> {
         };
         let receipt = Receipt {
             owner: owner.to_owned(),
-            key,
-            fingerprint,
+            key: key.clone(),
+            fingerprint: fingerprint.clone(),
             result: "null".into(),
         };
-        self.commit_tx(tx, Some(receipt), vec![client])
+        self.commit_tx(tx, Some(receipt), vec![client])?;
+        self.recent_dispatches.insert(owner, key, fingerprint);
+        Ok(())
     }
 
     /// Validates one maintainer chat action and emits it with the host's follow-ups.

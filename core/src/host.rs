@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 
 use crate::channel::{self, ChannelRef, ROOT};
 use crate::connection::{ConnId, Connections, Enqueued, FrameClass, Phase};
+use crate::dispatch::RecentDispatches;
 use crate::error::{RpcError, LIMIT, METHOD_NOT_FOUND, PERMISSION_DENIED};
 use crate::limits::{Limits, LimitsError};
 use crate::output::{CloseCode, Frame, FramePool, Outbox, Output};
@@ -153,6 +154,8 @@ pub struct Host<S: Store> {
     pub(crate) seq: Sequencer,
     pub(crate) sessions: BTreeMap<String, SessionEntry>,
     pub(crate) clients: BTreeMap<String, ClientRecord>,
+    /// Dispatch receipts committed lately, so a retry is known without a store read.
+    pub(crate) recent_dispatches: RecentDispatches,
     pub(crate) root_state: Value,
     pub(crate) services: Services,
     pub(crate) relay: Relay,
@@ -203,6 +206,7 @@ impl<S: Store> Host<S> {
             timers: Timers::default(),
             sessions,
             clients,
+            recent_dispatches: RecentDispatches::default(),
             root_state: session::root_state(),
             services,
             relay: Relay::default(),

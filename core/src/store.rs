@@ -153,6 +153,8 @@ pub struct MemStore {
     clients: BTreeMap<String, ClientRecord>,
     /// Commits left to fail on purpose, for fault injection.
     fail_commits: u32,
+    /// Receipt reads left to fail on purpose, for fault injection.
+    fail_receipt_reads: u32,
     commits: u64,
 }
 
@@ -165,6 +167,11 @@ impl MemStore {
     /// Makes the next `n` commits fail (and change nothing).
     pub fn fail_next_commits(&mut self, n: u32) {
         self.fail_commits = n;
+    }
+
+    /// Makes the next `n` receipt reads fail.
+    pub fn fail_next_receipt_reads(&mut self, n: u32) {
+        self.fail_receipt_reads = n;
     }
 
     /// Successful commits so far.
@@ -248,6 +255,10 @@ impl Store for MemStore {
     }
 
     fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError> {
+        if self.fail_receipt_reads > 0 {
+            self.fail_receipt_reads -= 1;
+            return Err(StoreError("injected receipt read failure".into()));
+        }
         Ok(self
             .receipts
             .get(&(owner.to_owned(), key.to_owned()))

@@ -409,6 +409,57 @@ fn a_retried_dispatch_applies_once_and_a_restarted_counter_is_new_work() {
 }
 
 #[test]
+fn a_retry_of_a_recent_dispatch_is_known_without_reading_the_store() {
+    // Found by the simulator (seed 694518): a client resent clientSeq 20 after a reconnect, the
+    // original was applied and echoed to the new connection, and the retry met a failing
+    // receipt read. The host rejected it, telling the client its applied action was refused.
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    h.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    let seq = h.host.server_seq();
+    h.host.store.fail_next_receipt_reads(1);
+    assert!(
+        h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"))
+            .is_empty(),
+        "a retry: neither applied again nor rejected"
+    );
+    assert_eq!(h.host.server_seq(), seq);
+    // A clientSeq the host has not committed lately is looked up in the store, and a read that
+    // fails refuses it: the host cannot tell a retry from new work.
+    h.host.store.fail_next_receipt_reads(1);
+    let out = h.dispatch(1, "ahp-chat:/s1", 2, turn("t2", "next"));
+    assert_eq!(out.len(), 1);
+    assert!(out[0].1["params"]["rejectionReason"].is_string());
+    assert_eq!(h.host.server_seq(), seq);
+    // After a restart the memory is empty and the store answers for the retry.
+    let store = h.host.into_store();
+    let mut h = Harness::with(HostConfig::default(), store);
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-chat:/s1"]);
+    assert!(h
+        .dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"))
+        .is_empty());
+    assert_eq!(h.host.server_seq(), seq);
+}
+
+#[test]
+fn recent_dispatches_are_bounded_and_forget_the_oldest_first() {
+    let mut r = crate::dispatch::RecentDispatches::default();
+    for i in 0..crate::dispatch::RECENT_DISPATCHES_MAX + 10 {
+        r.insert("m", format!("dispatch:c1:{i}"), format!("f{i}"));
+    }
+    assert_eq!(r.len(), crate::dispatch::RECENT_DISPATCHES_MAX);
+    assert_eq!(r.get("m", "dispatch:c1:9"), None, "the oldest went first");
+    assert_eq!(r.get("m", "dispatch:c1:10"), Some("f10"));
+    // A key committed again takes its new fingerprint without growing the table.
+    r.insert("m", "dispatch:c1:10".into(), "g".into());
+    assert_eq!(r.get("m", "dispatch:c1:10"), Some("g"));
+    assert_eq!(r.len(), crate::dispatch::RECENT_DISPATCHES_MAX);
+    assert_eq!(r.get("other", "dispatch:c1:10"), None, "keyed by owner too");
+}
+
+#[test]
 fn a_failed_commit_changes_nothing_and_tells_the_caller() {
     let mut h = Harness::new();
     h.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]);
