@@ -131,6 +131,14 @@ impl Harness {
         )
     }
 
+    /// Connection 1 as maintainer `m` (clientId `c1`, subscribed to `subscriptions`), with
+    /// session `s1` created and its chat subscribed.
+    fn open_chat(&mut self, subscriptions: &[&str]) {
+        self.init(1, Principal::maintainer("m"), "c1", subscriptions);
+        self.create(1, "s1");
+        self.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
+    }
+
     fn dispatch(&mut self, conn: u64, channel: &str, seq: u64, action: Value) -> Vec<(u64, Value)> {
         self.send(conn, &json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":channel,"clientSeq":seq,"action":action}}))
     }
@@ -374,9 +382,7 @@ fn dispatch_rules_reject_without_changing_state() {
 #[test]
 fn a_retried_dispatch_applies_once_and_a_restarted_counter_is_new_work() {
     let mut h = Harness::new();
-    h.init(1, Principal::maintainer("m"), "c1", &[]);
-    h.create(1, "s1");
-    h.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
+    h.open_chat(&[]);
     h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
     let seq = h.host.server_seq();
     assert!(
@@ -414,9 +420,7 @@ fn a_retry_of_a_recent_dispatch_is_known_without_reading_the_store() {
     // original was applied and echoed to the new connection, and the retry met a failing
     // receipt read. The host rejected it, telling the client its applied action was refused.
     let mut h = Harness::new();
-    h.init(1, Principal::maintainer("m"), "c1", &[]);
-    h.create(1, "s1");
-    h.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
+    h.open_chat(&[]);
     h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
     let seq = h.host.server_seq();
     h.host.store.fail_next_receipt_reads(1);
@@ -462,9 +466,7 @@ fn recent_dispatches_are_bounded_and_forget_the_oldest_first() {
 #[test]
 fn a_failed_commit_changes_nothing_and_tells_the_caller() {
     let mut h = Harness::new();
-    h.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]);
-    h.create(1, "s1");
-    h.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
+    h.open_chat(&["ahp-root://"]);
     let before = h.host.channel_state("ahp-chat:/s1");
     let mut store = h.host.into_store();
     // c1 is already bound, so initialize commits nothing and the dispatch meets the failure.
@@ -647,9 +649,7 @@ fn limits_are_enforced() {
         connections_max: 3,
         ..Limits::default()
     });
-    h.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]);
-    h.create(1, "s1");
-    h.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
+    h.open_chat(&["ahp-root://"]);
     let r = h.request(1, 4, "subscribe", json!({"channel":"ahp-session:/s1"}));
     assert_eq!(r["error"]["code"], -32043);
     let big = format!(
