@@ -11,7 +11,9 @@
 # SIZE (payload bytes, 200), SERVER_CPU (0), LOAD_CPU (1; a taskset list such as 1-3 on a larger
 # machine), LOAD_THREADS (1; one per CPU in LOAD_CPU), LONG_SECONDS (60), OUT (result file),
 # PROBE (1; 0 runs without the stall probe beside each run), MACHINE_CHECK (8: seconds per step
-# of the busy-CPU pause check before and after the runs; 0 skips it).
+# of the busy-CPU pause check before and after the runs; 0 skips it), PACE (spin: the tool spins
+# until each message is due and stamps it with its scheduled time; sleep: it sleeps and sends
+# what is due in bursts, each stamped as it is built, so its CPU idles between bursts).
 #
 # Every server runs pinned to SERVER_CPU, the load tool to LOAD_CPU. Every run gets a fresh
 # server, and the systems take turns case by case (order rotated), so a VM that drifts over
@@ -32,6 +34,7 @@ LONG_SECONDS=${LONG_SECONDS:-60}
 SIZE=${SIZE:-200}
 PROBE=${PROBE:-1}
 MACHINE_CHECK=${MACHINE_CHECK:-8}
+PACE=${PACE:-spin}
 LONG=0
 
 for arg in "$@"; do
@@ -44,6 +47,7 @@ done
 
 log() { echo "compare.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
+case "$PACE" in spin|sleep) ;; *) die "PACE must be spin or sleep, not $PACE" ;; esac
 
 # ---------------------------------------------------------------------------------------------
 # Servers: install if missing, without leaving a distro-started one in the way.
@@ -286,7 +290,7 @@ run_case() {
     start_probes $((WARMUP + duration))
     if ! out=$(AXHOST_TOKEN="$TOKEN" taskset -c "$LOAD_CPU" "$LOAD" --target "$system" --addr "$ADDR" \
         --senders "$senders" --receivers "$receivers" --rate "$rate" --batch "$batch" --size "$SIZE" \
-        --threads "$LOAD_THREADS" --duration "${duration}s" --warmup "${WARMUP}s" --json 2>"$TMP/load.err"); then
+        --pace "$PACE" --threads "$LOAD_THREADS" --duration "${duration}s" --warmup "${WARMUP}s" --json 2>"$TMP/load.err"); then
         load_ok=0
     fi
     wait_probes
@@ -444,7 +448,7 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo "$(date -u +%FT%TZ), ${REPS} rep(s) × ${DURATION} s (+${WARMUP} s warmup) per case, medians."
     echo "Payload ${SIZE} B; sender i sends its k-th message to receiver (i+k) mod M; servers on CPU"
     echo "$SERVER_CPU, \`axhost-load\` ($LOAD_THREADS thread(s)) on CPU $LOAD_CPU; a fresh server per run, the systems taking"
-    echo "turns case by case in a rotating order. msg/s = delivered at receivers in the"
+    echo "turns case by case in a rotating order; the tool's pace at fixed rates: $PACE. msg/s = delivered at receivers in the"
     echo "window; lost = sent − received after the drain (axhost drops notifications above its 1 MiB"
     echo "per-connection soft queue)."
     echo

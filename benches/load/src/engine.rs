@@ -23,12 +23,14 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use crate::payload::{self, STAMP_AT};
-use crate::{nats, resp, setup, ws, Args, Rate, Target};
+use crate::{nats, resp, setup, ws, Args, Pace, Rate, Target};
 
 /// Read buffer per connection.
 const IN_BUF: usize = 256 * 1024;
 /// In rate mode, most batches one sender writes in one loop turn while catching up.
 const CATCH_UP_BUDGET: usize = 256;
+/// `--pace sleep`: longest stretch of writes in one loop turn before the reads get a turn.
+const BURST_SLICE_NS: u64 = 20_000;
 /// Reads or writes per connection per loop turn, so one busy socket cannot starve the rest.
 const TURN_BUDGET: usize = 16;
 /// The drain ends early once nothing arrived for this long.
@@ -79,7 +81,8 @@ pub struct Report {
     pub p999_us: f64,
     pub max_us: f64,
     /// Rate mode: how late the tool itself built messages (build time minus scheduled time).
-    /// Latency near this figure is the tool's, not the server's.
+    /// With `--pace spin` latency near this figure is the tool's, not the server's; with
+    /// `--pace sleep` it is mostly the chosen wait.
     pub lag_p50_us: f64,
     pub lag_p99_us: f64,
     pub drain_s: f64,
@@ -97,15 +100,23 @@ impl Report {
         }
     }
 
+    fn pace_label(args: &Args) -> &'static str {
+        match (args.rate, args.pace) {
+            (Rate::PerSec(_), Pace::Sleep) => " pace=sleep",
+            _ => "",
+        }
+    }
+
     pub fn human(&self, args: &Args) -> String {
         format!(
-            "{} {}->{} rate={} batch={} size={}B: sent {:.0} msg/s, delivered {:.0} msg/s, \
+            "{} {}->{} rate={}{} batch={} size={}B: sent {:.0} msg/s, delivered {:.0} msg/s, \
              latency p50 {:.1} µs p99 {:.1} µs p99.9 {:.1} µs max {:.1} µs, lost {} of {} \
              (window {:.1} s, drain {:.2} s{})",
             self.target.name(),
             args.senders,
             args.receivers,
             Self::rate_label(args),
+            Self::pace_label(args),
             args.batch,
             args.size,
             self.sent_window as f64 / self.window_s,
@@ -130,7 +141,7 @@ impl Report {
 
     pub fn json(&self, args: &Args) -> String {
         format!(
-            "{{\"target\":\"{}\",\"senders\":{},\"receivers\":{},\"rate\":\"{}\",\"batch\":{},\
+            "{{\"target\":\"{}\",\"senders\":{},\"receivers\":{},\"rate\":\"{}\",\"pace\":\"{}\",\"batch\":{},\
              \"size\":{},\"window_s\":{:.3},\"sent_per_s\":{:.1},\"delivered_per_s\":{:.1},\
              \"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"max_us\":{:.1},\
              \"lag_p50_us\":{:.1},\"lag_p99_us\":{:.1},\
@@ -139,6 +150,10 @@ impl Report {
             args.senders,
             args.receivers,
             Self::rate_label(args),
+            match args.pace {
+                Pace::Spin => "spin",
+                Pace::Sleep => "sleep",
+            },
             args.batch,
             args.size,
             self.window_s,
@@ -727,9 +742,10 @@ fn event_loop(
                         }
                         continue;
                     }
-                    let built_at = origin.elapsed().as_nanos() as u64;
+                    let mut built_at = origin.elapsed().as_nanos() as u64;
                     // One write per full batch that is due; a sender that fell behind catches
-                    // up here (its stamps are the scheduled times, so the lag is measured).
+                    // up here. Spinning, its stamps are the scheduled times, so its lateness
+                    // counts as latency; sleeping, each write is stamped as it is built.
                     for _ in 0..CATCH_UP_BUDGET {
                         if c.pending() > 0 && !flush(c)? {
                             break;
@@ -737,13 +753,25 @@ fn event_loop(
                         if !generating || sched(c.built + batch as u64 - 1) > horizon {
                             break;
                         }
+                        if args.pace == Pace::Sleep {
+                            built_at = origin.elapsed().as_nanos() as u64;
+                            // A burst yields to the reads every slice, or the messages coming
+                            // back would wait for its end and count it as latency.
+                            if built_at >= now + BURST_SLICE_NS {
+                                break;
+                            }
+                        }
                         for _ in 0..batch {
-                            let stamp = sched(c.built);
+                            let scheduled = sched(c.built);
+                            let stamp = match args.pace {
+                                Pace::Spin => scheduled,
+                                Pace::Sleep => built_at,
+                            };
                             build_one(args.target, c, tpls, stamp);
                             sent_total += 1;
                             if stamp >= warm {
                                 sent_window += 1;
-                                lag.saturating_record(built_at.saturating_sub(stamp).max(1));
+                                lag.saturating_record(built_at.saturating_sub(scheduled).max(1));
                             }
                         }
                     }
@@ -778,8 +806,11 @@ fn event_loop(
         } else if next_due != u64::MAX {
             let now = origin.elapsed().as_nanos() as u64;
             let wait = next_due.saturating_sub(now);
-            // epoll sleeps in whole milliseconds: spin for the last stretch.
-            if wait < 1_500_000 {
+            // epoll sleeps in whole milliseconds (mio rounds up): spinning, spin for the
+            // last stretch; sleeping, oversleep and send what is due then.
+            if args.pace == Pace::Sleep {
+                Duration::from_nanos(wait)
+            } else if wait < 1_500_000 {
                 Duration::ZERO
             } else {
                 Duration::from_nanos(wait - 1_000_000)
