@@ -13,7 +13,8 @@
 # PROBE (1; 0 runs without the stall probe beside each run), MACHINE_CHECK (8: seconds per step
 # of the busy-CPU pause check before and after the runs; 0 skips it), PACE (spin: the tool spins
 # until each message is due and stamps it with its scheduled time; sleep: it sleeps and sends
-# what is due in bursts, each stamped as it is built, so its CPU idles between bursts).
+# what is due in bursts, each stamped as it is built, so its CPU idles between bursts), LOAD_BIN
+# (another build of axhost-load instead of the one this script builds).
 #
 # Every server runs pinned to SERVER_CPU, the load tool to LOAD_CPU. Every run gets a fresh
 # server, and the systems take turns case by case (order rotated), so a VM that drifts over
@@ -78,7 +79,7 @@ log "building axhost and axhost-load (release)"
 (cd "$ROOT" && cargo build --release --quiet -p axhost --bin axhost && cargo build --release --quiet -p axhost-load)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 AXHOST="$TARGET_DIR/release/axhost"
-LOAD="$TARGET_DIR/release/axhost-load"
+LOAD=${LOAD_BIN:-$TARGET_DIR/release/axhost-load}
 PROBE_BIN="$TARGET_DIR/release/axhost-stall-probe"
 [ -x "$AXHOST" ] && [ -x "$LOAD" ] && [ -x "$PROBE_BIN" ] || die "release binaries not found under $TARGET_DIR/release"
 
