@@ -141,7 +141,7 @@ impl Report {
 
     pub fn json(&self, args: &Args) -> String {
         format!(
-            "{{\"target\":\"{}\",\"senders\":{},\"receivers\":{},\"rate\":\"{}\",\"pace\":\"{}\",\"batch\":{},\
+            "{{\"target\":\"{}\",\"senders\":{},\"receivers\":{},\"rate\":\"{}\",\"pace\":{},\"batch\":{},\
              \"size\":{},\"window_s\":{:.3},\"sent_per_s\":{:.1},\"delivered_per_s\":{:.1},\
              \"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"max_us\":{:.1},\
              \"lag_p50_us\":{:.1},\"lag_p99_us\":{:.1},\
@@ -150,9 +150,10 @@ impl Report {
             args.senders,
             args.receivers,
             Self::rate_label(args),
-            match args.pace {
-                Pace::Spin => "spin",
-                Pace::Sleep => "sleep",
+            match (args.rate, args.pace) {
+                (Rate::Max, _) => "null",
+                (_, Pace::Spin) => "\"spin\"",
+                (_, Pace::Sleep) => "\"sleep\"",
             },
             args.batch,
             args.size,
@@ -743,6 +744,7 @@ fn event_loop(
                         continue;
                     }
                     let mut built_at = origin.elapsed().as_nanos() as u64;
+                    let mut wrote = false;
                     // One write per full batch that is due; a sender that fell behind catches
                     // up here. Spinning, its stamps are the scheduled times, so its lateness
                     // counts as latency; sleeping, each write is stamped as it is built.
@@ -755,9 +757,11 @@ fn event_loop(
                         }
                         if args.pace == Pace::Sleep {
                             built_at = origin.elapsed().as_nanos() as u64;
-                            // A burst yields to the reads every slice, or the messages coming
-                            // back would wait for its end and count it as latency.
-                            if built_at >= now + BURST_SLICE_NS {
+                            // A burst yields to the reads once the turn has written for a
+                            // slice, or the messages coming back would wait for its end and
+                            // count it as latency; every sender with a batch due still writes
+                            // one per turn, so the first senders cannot starve the rest.
+                            if wrote && built_at >= now + BURST_SLICE_NS {
                                 break;
                             }
                         }
@@ -769,11 +773,15 @@ fn event_loop(
                             };
                             build_one(args.target, c, tpls, stamp);
                             sent_total += 1;
+                            // The window holds what was written in it (by stamp, as the
+                            // receivers count): sleeping, a backlog from the warmup that is
+                            // written in the window counts there.
                             if stamp >= warm {
                                 sent_window += 1;
                                 lag.saturating_record(built_at.saturating_sub(scheduled).max(1));
                             }
                         }
+                        wrote = true;
                     }
                     if generating {
                         next_due = next_due.min(sched(c.built + batch as u64 - 1));

@@ -87,9 +87,11 @@ pub enum Pace {
     /// the tool's own lateness counts as latency. Keeps the tool's CPU busy at any rate.
     Spin,
     /// Sleep until the next message is due, rounded up to epoll's millisecond, then send
-    /// everything due at once, each write stamped when it is built: the same offered rate in
-    /// bursts (about 100 messages per millisecond at 100k/s), with a CPU that idles between
-    /// them. Latency is then the server's and the network's alone; the wait shows as lag.
+    /// everything due, each write stamped when it is built: the same offered rate in bursts
+    /// (about 100 messages per millisecond at 100k/s), with a CPU that idles between them.
+    /// Latency then starts at the write and leaves out the tool's own lateness, which the
+    /// sender lag reports instead (at least the wait, more when the tool falls behind); the
+    /// window counts what was written in it, so a backlog can put sent/s above the rate.
     Sleep,
 }
 
