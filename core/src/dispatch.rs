@@ -184,7 +184,6 @@ pub(crate) fn canonical(v: &Value) -> String {
     out
 }
 
-/// SHA-256 hex of the canonical form of `{method, params}`.
 /// How many dispatch receipts [`RecentDispatches`] keeps (about 200 bytes each).
 pub(crate) const RECENT_DISPATCHES_MAX: usize = 1024;
 
@@ -223,6 +222,7 @@ impl RecentDispatches {
     }
 }
 
+/// SHA-256 hex of the canonical form of `{method, params}`.
 pub(crate) fn fingerprint(method: &str, params: &Value) -> String {
     let digest =
         Sha256::digest(canonical(&json!({ "method": method, "params": params })).as_bytes());

@@ -100,10 +100,12 @@ impl Report {
         }
     }
 
-    fn pace_label(args: &Args) -> &'static str {
+    /// The pace, which only a fixed rate has.
+    fn pace_name(args: &Args) -> Option<&'static str> {
         match (args.rate, args.pace) {
-            (Rate::PerSec(_), Pace::Sleep) => " pace=sleep",
-            _ => "",
+            (Rate::Max, _) => None,
+            (_, Pace::Spin) => Some("spin"),
+            (_, Pace::Sleep) => Some("sleep"),
         }
     }
 
@@ -116,7 +118,11 @@ impl Report {
             args.senders,
             args.receivers,
             Self::rate_label(args),
-            Self::pace_label(args),
+            // The default pace goes unsaid, as before there was a choice.
+            match Self::pace_name(args) {
+                Some("sleep") => " pace=sleep",
+                _ => "",
+            },
             args.batch,
             args.size,
             self.sent_window as f64 / self.window_s,
@@ -150,11 +156,7 @@ impl Report {
             args.senders,
             args.receivers,
             Self::rate_label(args),
-            match (args.rate, args.pace) {
-                (Rate::Max, _) => "null",
-                (_, Pace::Spin) => "\"spin\"",
-                (_, Pace::Sleep) => "\"sleep\"",
-            },
+            Self::pace_name(args).map_or("null".into(), |p| format!("\"{p}\"")),
             args.batch,
             args.size,
             self.window_s,
