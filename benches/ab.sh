@@ -13,10 +13,12 @@
 # CPU time is read from /proc/PID/stat over seconds 2-4 of each run.
 #
 # Each line also gives the run's latency p50 / p99 (µs, from the sender's scheduled send time), for
-# A/Bs at a fixed rate, where the CPU figures matter less than the tail.
+# A/Bs at a fixed rate, where the CPU figures matter less than the tail, and the p99 at the
+# receiving socket (the kernel's receive timestamp: without the load tool's wait before reading).
 #
-# Environment: RUNS (3), DURATION (s, 5), SHAPE ("64 64 max 16"), SERVER_CPU (0), LOAD_CPU (1),
-# CONFIG_A / CONFIG_B (lines of axhost.toml for that side's host, e.g. 'busy_poll_us = 0').
+# Environment: RUNS (3), DURATION (s, 5), SHAPE ("64 64 max 16"), PACE (spin or sleep, the load
+# tool's pace at a fixed rate; spin), SERVER_CPU (0), LOAD_CPU (1), CONFIG_A / CONFIG_B (lines of
+# axhost.toml for that side's host, e.g. 'busy_poll_us = 0').
 set -euo pipefail
 
 [ $# -eq 2 ] || { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
@@ -26,6 +28,7 @@ DURATION=${DURATION:-5}
 read -r SENDERS RECEIVERS RATE BATCH <<<"${SHAPE:-64 64 max 16}"
 SERVER_CPU=${SERVER_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
+PACE=${PACE:-spin}
 (( DURATION >= 5 )) || { echo "ab.sh: DURATION must be at least 5 (CPU is sampled over seconds 2-4)" >&2; exit 2; }
 
 (cd "$ROOT" && cargo build --release --quiet -p axhost-load)
@@ -33,7 +36,7 @@ LOAD="${CARGO_TARGET_DIR:-$ROOT/target}/release/axhost-load"
 TICK=$(getconf CLK_TCK)
 
 one_run() {
-    local bin=$1 config=$2 tmp pid line addr token out a b rate p50 p99
+    local bin=$1 config=$2 tmp pid line addr token out a b rate p50 p99 sp99
     tmp=$(mktemp -d -t axhost-ab.XXXXXX)
     mkdir -m 700 "$tmp/data"
     token=$("$bin" token add --data-dir "$tmp/data" --id load --role maintainer 2>/dev/null | tail -n 1 | tr -d '[:space:]')
@@ -53,22 +56,23 @@ one_run() {
     addr=${line#ws://}
     ( sleep 2; awk '{print $14, $15}' "/proc/$pid/stat" >"$tmp/a"; sleep 2; awk '{print $14, $15}' "/proc/$pid/stat" >"$tmp/b" ) &
     out=$(AXHOST_TOKEN="$token" taskset -c "$LOAD_CPU" "$LOAD" --target axhost --addr "$addr" \
-        --senders "$SENDERS" --receivers "$RECEIVERS" --rate "$RATE" --batch "$BATCH" \
+        --senders "$SENDERS" --receivers "$RECEIVERS" --rate "$RATE" --batch "$BATCH" --pace "$PACE" \
         --duration "${DURATION}s" --warmup 1s)
     wait %2 2>/dev/null || true
     kill "$pid"; wait "$pid" 2>/dev/null || true
     rate=$(grep -o 'delivered [0-9]*' <<<"$out" | awk '{print $2}')
     p50=$(grep -o 'p50 [0-9.]*' <<<"$out" | head -n 1 | awk '{print $2}')
     p99=$(grep -o 'p99 [0-9.]*' <<<"$out" | head -n 1 | awk '{print $2}')
+    sp99=$(grep -o 'at the socket p50 [0-9.]* µs p99 [0-9.]*' <<<"$out" | awk '{print $NF}')
     read -r ua sa <"$tmp/a"; read -r ub sb <"$tmp/b"
     rm -rf "$tmp"
     # user and system nanoseconds per delivered message over the 2 s window, and the rate
-    awk -v u=$((ub - ua)) -v s=$((sb - sa)) -v r="$rate" -v t="$TICK" -v p50="$p50" -v p99="$p99" 'BEGIN {
+    awk -v u=$((ub - ua)) -v s=$((sb - sa)) -v r="$rate" -v t="$TICK" -v p50="$p50" -v p99="$p99" -v sp99="${sp99:--}" 'BEGIN {
         un = u / t / 2 * 1e9 / r; sn = s / t / 2 * 1e9 / r;
-        printf "%.3f M/s  user %4.0f ns/msg  sys %4.0f ns/msg  total %4.0f ns/msg  cpu %3.0f%%  p50 %s µs  p99 %s µs\n", r / 1e6, un, sn, un + sn, (u + s) / t / 2 * 100, p50, p99 }'
+        printf "%.3f M/s  user %4.0f ns/msg  sys %4.0f ns/msg  total %4.0f ns/msg  cpu %3.0f%%  p50 %s µs  p99 %s µs  socket p99 %s µs\n", r / 1e6, un, sn, un + sn, (u + s) / t / 2 * 100, p50, p99, sp99 }'
 }
 
-echo "shape: $SENDERS->$RECEIVERS rate=$RATE batch=$BATCH, $RUNS runs each, alternating"
+echo "shape: $SENDERS->$RECEIVERS rate=$RATE batch=$BATCH pace=$PACE, $RUNS runs each, alternating"
 [ -z "${CONFIG_A:-}" ] || echo "A config: $CONFIG_A"
 [ -z "${CONFIG_B:-}" ] || echo "B config: $CONFIG_B"
 for run in $(seq 1 "$RUNS"); do

@@ -13,8 +13,13 @@
 # PROBE (1; 0 runs without the stall probe beside each run), MACHINE_CHECK (8: seconds per step
 # of the busy-CPU pause check before and after the runs; 0 skips it), PACE (spin: the tool spins
 # until each message is due and stamps it with its scheduled time; sleep: it sleeps and sends
-# what is due in bursts, each stamped as it is built, so its CPU idles between bursts), LOAD_BIN
-# (another build of axhost-load instead of the one this script builds).
+# what is due in bursts, each stamped as it is built, so its CPU idles between bursts), SLEEP_MIN
+# (1ms: the sleeping tool's shortest sleep, so its bursts are the rate times this; e.g. 100us),
+# LOAD_BIN (another build of axhost-load instead of the one this script builds).
+#
+# Latency is reported twice: to the tool's read (what an application sees) and to the receiving
+# socket (the kernel's receive timestamp, Linux): the second leaves out the time messages wait in
+# the socket for the one-CPU tool to read them.
 #
 # Every server runs pinned to SERVER_CPU, the load tool to LOAD_CPU. Every run gets a fresh
 # server, and the systems take turns case by case (order rotated), so a VM that drifts over
@@ -36,6 +41,7 @@ SIZE=${SIZE:-200}
 PROBE=${PROBE:-1}
 MACHINE_CHECK=${MACHINE_CHECK:-8}
 PACE=${PACE:-spin}
+SLEEP_MIN=${SLEEP_MIN:-1ms}
 LONG=0
 
 for arg in "$@"; do
@@ -214,7 +220,7 @@ done
 case " $SHAPES " in *" 64x64 "*) case " $RATES " in *" max "*) CASES+=("64x64 max 16") ;; esac ;; esac
 
 # system case rep sent_per_s delivered_per_s p50 p99 p999 max lost lag_p99 steal_ms
-# stall_server_ms stall_load_ms
+# stall_server_ms stall_load_ms socket_p50 socket_p99
 RESULTS="$TMP/results.tsv"
 : >"$RESULTS"
 
@@ -224,6 +230,8 @@ steal_ms() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / {print int($9 * 1000 / hz)}
 
 # Reads one field of the tool's flat JSON line.
 jfield() { sed -n "s/.*\"$1\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$2"; }
+# A latency to the socket: "-" where the kernel gave no receive timestamps (null).
+socket_us() { local v; v=$(jfield "$1" "$2"); [ -n "$v" ] && [ "$v" != null ] && echo "$v" || echo "-"; }
 
 # start_probes SECONDS: one stall probe on the server's CPU and one on the load tool's, in the
 # background, each writing its JSON line to $TMP/probe.CPU. stalled_ms CPU: what that probe
@@ -291,22 +299,23 @@ run_case() {
     start_probes $((WARMUP + duration))
     if ! out=$(AXHOST_TOKEN="$TOKEN" taskset -c "$LOAD_CPU" "$LOAD" --target "$system" --addr "$ADDR" \
         --senders "$senders" --receivers "$receivers" --rate "$rate" --batch "$batch" --size "$SIZE" \
-        --pace "$PACE" --threads "$LOAD_THREADS" --duration "${duration}s" --warmup "${WARMUP}s" --json 2>"$TMP/load.err"); then
+        --pace "$PACE" --sleep-min "$SLEEP_MIN" --threads "$LOAD_THREADS" --duration "${duration}s" --warmup "${WARMUP}s" --json 2>"$TMP/load.err"); then
         load_ok=0
     fi
     wait_probes
     if [ "$load_ok" = 0 ]; then
         log "  $system $shape rate=$rate batch=$batch rep $rep FAILED: $(tail -n 3 "$TMP/load.err")"
-        printf '%s\t%s\t%s\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\n' "$system" "$shape/$rate/$batch" "$rep" >>"$RESULTS"
+        printf '%s\t%s\t%s\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\n' "$system" "$shape/$rate/$batch" "$rep" >>"$RESULTS"
         return 0
     fi
     log "  $(head -n 1 <<<"$out")"
     json=$(grep '^{' <<<"$out" | tail -n 1)
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$system" "$shape/$rate/$batch" "$rep" \
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$system" "$shape/$rate/$batch" "$rep" \
         "$(jfield sent_per_s "$json")" "$(jfield delivered_per_s "$json")" "$(jfield p50_us "$json")" \
         "$(jfield p99_us "$json")" "$(jfield p999_us "$json")" "$(jfield max_us "$json")" \
         "$(jfield lost "$json")" "$(jfield lag_p99_us "$json")" "$(( $(steal_ms) - steal0 ))" \
-        "$(stalled_ms "$PROBE_SERVER_CPU")" "$(stalled_ms "$PROBE_LOAD_CPU")" >>"$RESULTS"
+        "$(stalled_ms "$PROBE_SERVER_CPU")" "$(stalled_ms "$PROBE_LOAD_CPU")" \
+        "$(socket_us socket_p50_us "$json")" "$(socket_us socket_p99_us "$json")" >>"$RESULTS"
 }
 
 # Every run gets a fresh server, so nothing a case leaves behind (queued bytes, grown buffers,
@@ -359,7 +368,7 @@ median() { # system case column [quiet: only the quiet runs]
     local only=1
     [ "${4:-}" = quiet ] && only=$QUIET
     awk -F'\t' -v s="$1" -v c="$2" -v col="$3" \
-        '$1==s && $2==c && $3!="long" && $col!="ERR" && ('"$only"') {print $col}' "$RESULTS" |
+        '$1==s && $2==c && $3!="long" && $col!="ERR" && $col!="-" && ('"$only"') {print $col}' "$RESULTS" |
         median_of
 }
 fmt_rate() { awk -v v="$1" 'BEGIN { if (v=="-") print "fail"; else if (v>=1e6) printf "%.2fM", v/1e6; else if (v>=1e3) printf "%.1fk", v/1e3; else printf "%.0f", v }'; }
@@ -408,6 +417,15 @@ context_cells() {
         "$(median "$1" "$2" 13) / $(median "$1" "$2" 14) |"
 }
 
+# Latency to the receiving socket: from the sender's stamp to the kernel's receive timestamp of
+# the read that completed the message (the last segment it consumed, so never early). Beside the
+# latency to the tool's read, it shows how much of that was the tool's own wait to read.
+socket_head() { echo "$1 p50 / p99 µs to the read | $1 p50 / p99 µs to the socket |"; }
+socket_cells() {
+    echo "$(fmt_us "$(median "$1" "$2" 6)") / $(fmt_us "$(median "$1" "$2" 7)") |" \
+        "$(fmt_us "$(median "$1" "$2" 15)") / $(fmt_us "$(median "$1" "$2" 16)") |"
+}
+
 # The same latencies over the quiet runs only: those in which neither probe woke more than
 # 500 µs late. Not a replacement for the medians above, which count every run; it shows what
 # each server does when the machine does not pause it.
@@ -449,7 +467,7 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo "$(date -u +%FT%TZ), ${REPS} rep(s) × ${DURATION} s (+${WARMUP} s warmup) per case, medians."
     echo "Payload ${SIZE} B; sender i sends its k-th message to receiver (i+k) mod M; servers on CPU"
     echo "$SERVER_CPU, \`axhost-load\` ($LOAD_THREADS thread(s)) on CPU $LOAD_CPU; a fresh server per run, the systems taking"
-    echo "turns case by case in a rotating order; the tool's pace at fixed rates: $PACE. msg/s = delivered at receivers in the"
+    echo "turns case by case in a rotating order; the tool's pace at fixed rates: $PACE$([ "$PACE" = sleep ] && echo " (shortest sleep $SLEEP_MIN)"). msg/s = delivered at receivers in the"
     echo "window; lost = sent − received after the drain (axhost drops notifications above its 1 MiB"
     echo "per-connection soft queue)."
     echo
@@ -460,6 +478,12 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo "fixed-rate runs (medians):"
     echo
     md_table context_head context_cells fixed
+    echo
+    echo "Latency to the tool's read (as above) and to the receiving socket (the kernel's receive"
+    echo "timestamp: without the time a message waited in the socket for the tool to read it),"
+    echo "fixed rates, medians:"
+    echo
+    md_table socket_head socket_cells fixed
     echo
     if [ "$PROBE" = 1 ]; then
         echo "Latency medians over the quiet runs only (neither probe woke more than 500 µs late);"
@@ -497,7 +521,7 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo "## Raw runs"
     echo
     echo '```'
-    printf 'system\tcase\trep\tsent/s\tdelivered/s\tp50\tp99\tp99.9\tmax\tlost\tlag_p99\tsteal_ms\tstall_srv_ms\tstall_load_ms\n'
+    printf 'system\tcase\trep\tsent/s\tdelivered/s\tp50\tp99\tp99.9\tmax\tlost\tlag_p99\tsteal_ms\tstall_srv_ms\tstall_load_ms\tsocket_p50\tsocket_p99\n'
     cat "$RESULTS"
     echo '```'
 } >"$OUT.tmp"

@@ -12,7 +12,7 @@
 //! *scheduled* (start + k / rate), so a sender that falls behind (a full socket, a slow loop)
 //! shows up as latency rather than hiding it (no coordinated omission).
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
@@ -23,7 +23,7 @@ use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Token};
 
 use crate::payload::{self, STAMP_AT};
-use crate::{nats, resp, setup, ws, Args, Pace, Rate, Target};
+use crate::{nats, resp, setup, socket_stamp, timer, ws, Args, Pace, Rate, Target};
 
 /// Read buffer per connection.
 const IN_BUF: usize = 256 * 1024;
@@ -80,6 +80,14 @@ pub struct Report {
     pub p99_us: f64,
     pub p999_us: f64,
     pub max_us: f64,
+    /// Sender stamp to the kernel's receive timestamp of the read that completed the message
+    /// (`socket_stamp`): the same messages without the tool's own wait before reading them.
+    /// `None` without kernel stamps.
+    pub socket_p50_us: Option<f64>,
+    pub socket_p99_us: Option<f64>,
+    pub socket_p999_us: Option<f64>,
+    /// Messages in the window without a kernel timestamp (all of them without stamps).
+    pub socket_unstamped: u64,
     /// Rate mode: how late the tool itself built messages (build time minus scheduled time).
     /// With `--pace spin` latency near this figure is the tool's, not the server's; with
     /// `--pace sleep` it is mostly the chosen wait.
@@ -112,7 +120,7 @@ impl Report {
     pub fn human(&self, args: &Args) -> String {
         format!(
             "{} {}->{} rate={}{} batch={} size={}B: sent {:.0} msg/s, delivered {:.0} msg/s, \
-             latency p50 {:.1} µs p99 {:.1} µs p99.9 {:.1} µs max {:.1} µs, lost {} of {} \
+             latency p50 {:.1} µs p99 {:.1} µs p99.9 {:.1} µs max {:.1} µs{}, lost {} of {} \
              (window {:.1} s, drain {:.2} s{})",
             self.target.name(),
             args.senders,
@@ -131,6 +139,11 @@ impl Report {
             self.p99_us,
             self.p999_us,
             self.max_us,
+            match (self.socket_p50_us, self.socket_p99_us, self.socket_p999_us) {
+                (Some(a), Some(b), Some(c)) =>
+                    format!(" (at the socket p50 {a:.1} µs p99 {b:.1} µs p99.9 {c:.1} µs)"),
+                _ => String::new(),
+            },
             self.lost(),
             self.sent_total,
             self.window_s,
@@ -150,8 +163,9 @@ impl Report {
             "{{\"target\":\"{}\",\"senders\":{},\"receivers\":{},\"rate\":\"{}\",\"pace\":{},\"batch\":{},\
              \"size\":{},\"window_s\":{:.3},\"sent_per_s\":{:.1},\"delivered_per_s\":{:.1},\
              \"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1},\"max_us\":{:.1},\
+             \"socket_p50_us\":{},\"socket_p99_us\":{},\"socket_p999_us\":{},\
              \"lag_p50_us\":{:.1},\"lag_p99_us\":{:.1},\
-             \"sent\":{},\"received\":{},\"lost\":{},\"unstamped\":{}}}",
+             \"socket_unstamped\":{},\"sent\":{},\"received\":{},\"lost\":{},\"unstamped\":{}}}",
             self.target.name(),
             args.senders,
             args.receivers,
@@ -166,8 +180,12 @@ impl Report {
             self.p99_us,
             self.p999_us,
             self.max_us,
+            json_us(self.socket_p50_us),
+            json_us(self.socket_p99_us),
+            json_us(self.socket_p999_us),
             self.lag_p50_us,
             self.lag_p99_us,
+            self.socket_unstamped,
             self.sent_total,
             self.recv_total,
             self.lost(),
@@ -176,27 +194,43 @@ impl Report {
     }
 }
 
+/// Microseconds as a JSON number with one decimal, or `null`.
+fn json_us(v: Option<f64>) -> String {
+    v.map_or("null".into(), |v| format!("{v:.1}"))
+}
+
 /// Counters the receive path updates.
 struct Recv {
     total: u64,
     window: u64,
     unstamped: u64,
     hist: Histogram<u64>,
+    /// Stamp to arrival at the socket, for messages whose read carried a kernel timestamp.
+    socket: Histogram<u64>,
+    /// Stamped messages in the window whose read had no kernel timestamp.
+    socket_unstamped: u64,
     /// Window bounds in ns since the origin.
     win_start: u64,
     win_end: u64,
 }
 
 impl Recv {
+    /// One message read at `now`; `arrived`: when the read's last byte reached the socket.
     #[inline]
-    fn message(&mut self, msg: &[u8], now: u64) {
+    fn message(&mut self, msg: &[u8], now: u64, arrived: Option<u64>) {
         self.total += 1;
         if now < self.win_start || now >= self.win_end {
             return;
         }
         self.window += 1;
         match payload::find_stamp(msg) {
-            Some(t) => self.hist.saturating_record(now.saturating_sub(t).max(1)),
+            Some(t) => {
+                self.hist.saturating_record(now.saturating_sub(t).max(1));
+                match arrived {
+                    Some(a) => self.socket.saturating_record(a.saturating_sub(t).max(1)),
+                    None => self.socket_unstamped += 1,
+                }
+            }
             None => self.unstamped += 1,
         }
     }
@@ -299,7 +333,13 @@ fn role(sender: bool, idx: usize) -> String {
 }
 
 /// Parses everything complete in `c.inbuf`; keeps a partial tail.
-fn process_input(target: Target, c: &mut Conn, recv: &mut Recv, now: u64) -> Result<(), String> {
+fn process_input(
+    target: Target,
+    c: &mut Conn,
+    recv: &mut Recv,
+    now: u64,
+    arrived: Option<u64>,
+) -> Result<(), String> {
     let Conn {
         inbuf,
         in_len,
@@ -322,7 +362,7 @@ fn process_input(target: Target, c: &mut Conn, recv: &mut Recv, now: u64) -> Res
                 };
                 match f.opcode {
                     ws::OP_TEXT | ws::OP_CONT | ws::OP_BINARY if !sender && f.fin => {
-                        recv.message(&buf[f.start..f.end], now);
+                        recv.message(&buf[f.start..f.end], now, arrived);
                     }
                     ws::OP_PING => {
                         let key = rng.next_u32().to_ne_bytes();
@@ -349,7 +389,7 @@ fn process_input(target: Target, c: &mut Conn, recv: &mut Recv, now: u64) -> Res
                     break;
                 };
                 match item {
-                    resp::Item::Message(s, e) => recv.message(&buf[s..e], now),
+                    resp::Item::Message(s, e) => recv.message(&buf[s..e], now, arrived),
                     resp::Item::Error(s, e) => {
                         return Err(format!(
                             "{}: redis error: {}",
@@ -368,7 +408,7 @@ fn process_input(target: Target, c: &mut Conn, recv: &mut Recv, now: u64) -> Res
                     break;
                 };
                 match item {
-                    nats::Item::Msg(s, e) => recv.message(&buf[s..e], now),
+                    nats::Item::Msg(s, e) => recv.message(&buf[s..e], now, arrived),
                     nats::Item::Ping => {
                         compact(out, out_head);
                         out.extend_from_slice(b"PONG\r\n");
@@ -404,12 +444,13 @@ fn read_turn(target: Target, c: &mut Conn, recv: &mut Recv, origin: Instant) -> 
             ));
         }
         let room = c.inbuf.len() - c.in_len;
-        match c.stream.read(&mut c.inbuf[c.in_len..]) {
-            Ok(0) => return Err(format!("{}: server closed the connection", c.what())),
-            Ok(n) => {
+        match socket_stamp::read(&c.stream, &mut c.inbuf[c.in_len..]) {
+            Ok((0, _)) => return Err(format!("{}: server closed the connection", c.what())),
+            Ok((n, age)) => {
                 c.in_len += n;
                 let now = origin.elapsed().as_nanos() as u64;
-                process_input(target, c, recv, now)?;
+                let arrived = age.map(|age| now.saturating_sub(age));
+                process_input(target, c, recv, now, arrived)?;
                 if n < room {
                     // A short read emptied the socket; bytes that arrive later raise a new
                     // (edge-triggered) event, so asking again would only return WouldBlock.
@@ -474,8 +515,12 @@ fn connect_all(
                 return Err("over 256 KiB of data before the run started".into());
             }
             inbuf[..ready.leftover.len()].copy_from_slice(&ready.leftover);
+            let stream = TcpStream::from_std(ready.stream);
+            if !sender && !args.no_socket_stamps {
+                socket_stamp::enable(&stream).map_err(|e| format!("SO_TIMESTAMPNS: {e}"))?;
+            }
             conns.push(Conn {
-                stream: TcpStream::from_std(ready.stream),
+                stream,
                 sender,
                 idx,
                 inbuf,
@@ -562,6 +607,7 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
 
     let q = |h: &Histogram<u64>, p: f64| h.value_at_quantile(p) as f64 / 1000.0;
     let gen_end = (args.warmup + args.duration).as_nanos() as u64;
+    let socket = (!total.recv.socket.is_empty()).then_some(&total.recv.socket);
     Ok(Report {
         target: args.target,
         window_s: args.duration.as_secs_f64().max(1e-9),
@@ -574,6 +620,10 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
         p99_us: q(&total.recv.hist, 0.99),
         p999_us: q(&total.recv.hist, 0.999),
         max_us: total.recv.hist.max() as f64 / 1000.0,
+        socket_p50_us: socket.map(|h| q(h, 0.5)),
+        socket_p99_us: socket.map(|h| q(h, 0.99)),
+        socket_p999_us: socket.map(|h| q(h, 0.999)),
+        socket_unstamped: total.recv.socket_unstamped,
         lag_p50_us: q(&total.lag, 0.5),
         lag_p99_us: q(&total.lag, 0.99),
         drain_s: total.end.saturating_sub(gen_end) as f64 / 1e9,
@@ -610,9 +660,14 @@ impl Part {
         self.recv.total += other.recv.total;
         self.recv.window += other.recv.window;
         self.recv.unstamped += other.recv.unstamped;
+        self.recv.socket_unstamped += other.recv.socket_unstamped;
         self.recv
             .hist
             .add(&other.recv.hist)
+            .map_err(|e| format!("histogram: {e}"))?;
+        self.recv
+            .socket
+            .add(&other.recv.socket)
             .map_err(|e| format!("histogram: {e}"))?;
         self.lag
             .add(&other.lag)
@@ -644,6 +699,12 @@ fn event_loop(
             .map_err(|e| format!("register: {e}"))?;
     }
     let mut events = Events::with_capacity(1024);
+    // Sleeping pace: wakes between epoll's milliseconds (its token matches no connection).
+    let timer = match args.pace {
+        Pace::Sleep => timer::Timer::new(poll.registry(), Token(usize::MAX))
+            .map_err(|e| format!("timerfd: {e}"))?,
+        Pace::Spin => None,
+    };
 
     let warm = args.warmup.as_nanos() as u64;
     let gen_end = warm + args.duration.as_nanos() as u64;
@@ -655,6 +716,8 @@ fn event_loop(
         total: 0,
         window: 0,
         unstamped: 0,
+        socket: hist.clone(),
+        socket_unstamped: 0,
         hist,
         win_start: warm,
         win_end: gen_end,
@@ -817,9 +880,17 @@ fn event_loop(
             let now = origin.elapsed().as_nanos() as u64;
             let wait = next_due.saturating_sub(now);
             // epoll sleeps in whole milliseconds (mio rounds up): spinning, spin for the
-            // last stretch; sleeping, oversleep and send what is due then.
+            // last stretch; sleeping, set the timer (epoll's wait only backs it up) or, without
+            // one, oversleep and send what is due then.
             if args.pace == Pace::Sleep {
-                Duration::from_nanos(wait)
+                let wait = Duration::from_nanos(wait).max(args.sleep_min);
+                match &timer {
+                    Some(t) => {
+                        t.arm(wait).map_err(|e| format!("timerfd: {e}"))?;
+                        wait + Duration::from_millis(2)
+                    }
+                    None => wait,
+                }
             } else if wait < 1_500_000 {
                 Duration::ZERO
             } else {

@@ -16,6 +16,8 @@ mod nats;
 mod payload;
 mod resp;
 mod setup;
+mod socket_stamp;
+mod timer;
 mod ws;
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -86,9 +88,10 @@ pub enum Pace {
     /// milliseconds), so every message leaves on time and is stamped with its scheduled time:
     /// the tool's own lateness counts as latency. Keeps the tool's CPU busy at any rate.
     Spin,
-    /// Sleep until the next message is due, rounded up to epoll's millisecond, then send
-    /// everything due, each write stamped when it is built: the same offered rate in bursts
-    /// (about 100 messages per millisecond at 100k/s), with a CPU that idles between them.
+    /// Sleep until the next message is due but at least `--sleep-min`, then send everything
+    /// due, each write stamped when it is built: the same offered rate in bursts (rate ×
+    /// sleep-min: 100 messages at 100k/s with the default millisecond), with a CPU that idles
+    /// between them.
     /// Latency then starts at the write and leaves out the tool's own lateness, which the
     /// sender lag reports instead (at least the wait, more when the tool falls behind); the
     /// window counts what was written in it, so a backlog can put sent/s above the rate.
@@ -96,8 +99,11 @@ pub enum Pace {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let err = || format!("duration {s:?}: expected e.g. 10s, 500ms, 2m or a number of seconds");
-    let (num, unit) = if let Some(n) = s.strip_suffix("ms") {
+    let err =
+        || format!("duration {s:?}: expected e.g. 10s, 500ms, 100us, 2m or a number of seconds");
+    let (num, unit) = if let Some(n) = s.strip_suffix("us").or_else(|| s.strip_suffix("µs")) {
+        (n, 1e-6)
+    } else if let Some(n) = s.strip_suffix("ms") {
         (n, 1e-3)
     } else if let Some(n) = s.strip_suffix('s') {
         (n, 1.0)
@@ -112,6 +118,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("duration {s:?}: must be between 0 and 1 hour"));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_sleep_min(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_micros(10) || d > Duration::from_secs(1) {
+        return Err(format!("sleep-min {s:?}: must be between 10us and 1s"));
+    }
+    Ok(d)
 }
 
 #[derive(Parser, Debug)]
@@ -154,6 +168,10 @@ pub struct Args {
     /// Rate mode: spin until each message is due, or sleep and send in bursts (see `Pace`).
     #[arg(long, value_enum, default_value = "spin")]
     pub pace: Pace,
+    /// Sleeping pace: the shortest sleep (from 10us; a `timerfd` on Linux, epoll's whole
+    /// milliseconds elsewhere). Bursts are the rate times this.
+    #[arg(long, default_value = "1ms", value_parser = parse_sleep_min)]
+    pub sleep_min: Duration,
     /// Frames a sender packs into one socket write.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub batch: u32,
@@ -165,6 +183,10 @@ pub struct Args {
     /// Application payload bytes (identical for every target; includes the timestamp).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(48..=65536))]
     pub size: u32,
+    /// Do not ask the kernel to timestamp what receivers get (`SO_TIMESTAMPNS`, Linux); the
+    /// latency "at the socket" is then not reported.
+    #[arg(long)]
+    pub no_socket_stamps: bool,
     /// Also print one JSON line with the results.
     #[arg(long)]
     pub json: bool,
@@ -219,6 +241,11 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("100us"), Ok(Duration::from_micros(100)));
+        assert_eq!(parse_duration("50µs"), Ok(Duration::from_micros(50)));
         assert!(parse_duration("-1s").is_err());
+        assert_eq!(parse_sleep_min("50us"), Ok(Duration::from_micros(50)));
+        assert!(parse_sleep_min("5us").is_err());
+        assert!(parse_sleep_min("2s").is_err());
     }
 }
