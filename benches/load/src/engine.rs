@@ -878,23 +878,14 @@ fn event_loop(
             Duration::ZERO
         } else if next_due != u64::MAX {
             let now = origin.elapsed().as_nanos() as u64;
-            let wait = next_due.saturating_sub(now);
-            // epoll sleeps in whole milliseconds (mio rounds up): spinning, spin for the
-            // last stretch; sleeping, set the timer (epoll's wait only backs it up) or, without
-            // one, oversleep and send what is due then.
-            if args.pace == Pace::Sleep {
-                let wait = Duration::from_nanos(wait).max(args.sleep_min);
-                match &timer {
-                    Some(t) => {
-                        t.arm(wait).map_err(|e| format!("timerfd: {e}"))?;
-                        wait + Duration::from_millis(2)
-                    }
-                    None => wait,
+            let wait = due_wait(args.pace, args.sleep_min, next_due.saturating_sub(now));
+            match &timer {
+                // The timer wakes us; epoll's wait (whole milliseconds) only backs it up.
+                Some(t) if !wait.is_zero() => {
+                    t.arm(wait).map_err(|e| format!("timerfd: {e}"))?;
+                    wait + Duration::from_millis(2)
                 }
-            } else if wait < 1_500_000 {
-                Duration::ZERO
-            } else {
-                Duration::from_nanos(wait - 1_000_000)
+                _ => wait,
             }
         } else {
             Duration::from_millis(5)
@@ -926,9 +917,37 @@ fn event_loop(
     })
 }
 
+/// How long the loop may wait when the next message is due in `wait` ns. epoll sleeps in whole
+/// milliseconds (mio rounds up): spinning, spin for the last stretch; sleeping, sleep at least
+/// `sleep_min`, unless something is due already (a burst that yielded to the reads goes
+/// straight back to it).
+fn due_wait(pace: Pace, sleep_min: Duration, wait: u64) -> Duration {
+    match pace {
+        Pace::Sleep if wait == 0 => Duration::ZERO,
+        Pace::Sleep => Duration::from_nanos(wait).max(sleep_min),
+        Pace::Spin if wait < 1_500_000 => Duration::ZERO,
+        Pace::Spin => Duration::from_nanos(wait - 1_000_000),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waits_for_the_next_message() {
+        let ms = Duration::from_millis(1);
+        let us = Duration::from_micros;
+        // Sleeping: at least the shortest sleep, but never once something is due.
+        assert_eq!(due_wait(Pace::Sleep, ms, 0), Duration::ZERO);
+        assert_eq!(due_wait(Pace::Sleep, ms, 5_000), ms);
+        assert_eq!(due_wait(Pace::Sleep, us(100), 300_000), us(300));
+        assert_eq!(due_wait(Pace::Sleep, us(100), 20_000), us(100));
+        // Spinning: epoll's sleep only for what is over a millisecond and a half away.
+        assert_eq!(due_wait(Pace::Spin, ms, 0), Duration::ZERO);
+        assert_eq!(due_wait(Pace::Spin, ms, 1_400_000), Duration::ZERO);
+        assert_eq!(due_wait(Pace::Spin, ms, 3_000_000), us(2000));
+    }
 
     #[test]
     fn templates_carry_identical_payloads() {
