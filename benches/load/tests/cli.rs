@@ -235,9 +235,10 @@ fn real_axhost_runs_on_one_and_several_threads() {
         } else {
             assert!(json.contains("\"socket_p50_us\":null,"), "{json}");
         }
-        if pace == "sleep" && sleep_min == "1ms" {
+        if pace == "sleep" && sleep_min == "1ms" && rate == 2000 {
             // At least a millisecond between wakes, and the two senders' messages are due 0.5
-            // ms apart, so most leave hundreds of µs late: the lag shows the sleeps.
+            // ms apart, so most leave hundreds of µs late: the lag shows the sleeps. (Not at
+            // 20k/s, where the replies wake the one sender every few tens of µs.)
             let lag = number("lag_p99_us");
             assert!(lag >= 400.0, "sleeping pace, lag p99 {lag} µs: {json}");
             // Stamped when written, the latency does not contain the lag (stamped when due,
