@@ -12,7 +12,8 @@
 # optimisation changes. The host runs on CPU 0 and the load tool on CPU 1, as in compare.sh;
 # CPU time is read from /proc/PID/stat over seconds 2-4 of each run.
 #
-# Each line also gives the run's latency p50 / p99 (µs, from the sender's scheduled send time), for
+# Each line also gives the run's latency p50 / p99 (µs, from the sender's stamp: the scheduled send
+# time when spinning, the write when sleeping), for
 # A/Bs at a fixed rate, where the CPU figures matter less than the tail, and the p99 at the
 # receiving socket (the kernel's receive timestamp: without the load tool's wait before reading).
 #

@@ -8,9 +8,12 @@
 //! buffers are sized at start, and a sender holds at most one unwritten batch (a full socket
 //! stops it until the socket is writable again).
 //!
-//! Stamps: flat out, the time the batch was built. At a fixed rate, the time the message was
-//! *scheduled* (start + k / rate), so a sender that falls behind (a full socket, a slow loop)
-//! shows up as latency rather than hiding it (no coordinated omission).
+//! Stamps: flat out, the time the batch was built. At a fixed rate with `--pace spin`, the time
+//! the message was *scheduled* (start + k / rate), so a sender that falls behind (a full socket,
+//! a slow loop) shows up as latency rather than hiding it (no coordinated omission); with
+//! `--pace sleep`, the time its write was built (the sender lag reports the lateness).
+//! Receivers record each message twice: to the read, and to the kernel's receive timestamp of
+//! that read (`socket_stamp`), which leaves out the tool's own wait before reading.
 
 use std::io::{ErrorKind, Write};
 use std::net::SocketAddr;
