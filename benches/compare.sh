@@ -220,7 +220,7 @@ done
 case " $SHAPES " in *" 64x64 "*) case " $RATES " in *" max "*) CASES+=("64x64 max 16") ;; esac ;; esac
 
 # system case rep sent_per_s delivered_per_s p50 p99 p999 max lost lag_p99 steal_ms
-# stall_server_ms stall_load_ms socket_p50 socket_p99
+# stall_server_ms stall_load_ms socket_p50 socket_p99 slowed_server_ms slowed_load_ms
 RESULTS="$TMP/results.tsv"
 : >"$RESULTS"
 
@@ -255,6 +255,13 @@ stalled_ms() {
     [ "$PROBE" = 1 ] && v=$(jfield stalled_ms "$(cat "$TMP/probe.$1" 2>/dev/null)")
     echo "${v:--}"
 }
+# slowed_ms CPU: how long that probe found the CPU running at under half speed (its work units
+# took over twice their median; sampled once per tick), "-" without one.
+slowed_ms() {
+    local v=""
+    [ "$PROBE" = 1 ] && v=$(jfield slowed_ms "$(cat "$TMP/probe.$1" 2>/dev/null)")
+    echo "${v:--}"
+}
 
 # machine_check LABEL: how long the machine pauses a CPU kept busy (`--spin`), first the
 # server's CPU alone, then the load CPU alone, then both at once. On the VM the published results
@@ -287,7 +294,7 @@ check_cell() {
     local j
     j=$(cat "$1" 2>/dev/null)
     [ -n "$(jfield stalled_ms "$j")" ] || { echo "failed"; return 0; }
-    echo "$(jfield stalled_ms "$j") ms (pauses: $(jfield stalls_over_500us "$j"), worst $(awk -v v="$(jfield max_us "$j")" 'BEGIN { printf "%.1f", v / 1000 }') ms)"
+    echo "$(jfield stalled_ms "$j") ms (pauses: $(jfield stalls_over_500us "$j"), worst $(awk -v v="$(jfield max_us "$j")" 'BEGIN { printf "%.1f", v / 1000 }') ms; under half speed $(jfield slowed_ms "$j") ms)"
 }
 
 run_case() {
@@ -305,17 +312,18 @@ run_case() {
     wait_probes
     if [ "$load_ok" = 0 ]; then
         log "  $system $shape rate=$rate batch=$batch rep $rep FAILED: $(tail -n 3 "$TMP/load.err")"
-        printf '%s\t%s\t%s\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\n' "$system" "$shape/$rate/$batch" "$rep" >>"$RESULTS"
+        printf '%s\t%s\t%s\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\tERR\n' "$system" "$shape/$rate/$batch" "$rep" >>"$RESULTS"
         return 0
     fi
     log "  $(head -n 1 <<<"$out")"
     json=$(grep '^{' <<<"$out" | tail -n 1)
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$system" "$shape/$rate/$batch" "$rep" \
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$system" "$shape/$rate/$batch" "$rep" \
         "$(jfield sent_per_s "$json")" "$(jfield delivered_per_s "$json")" "$(jfield p50_us "$json")" \
         "$(jfield p99_us "$json")" "$(jfield p999_us "$json")" "$(jfield max_us "$json")" \
         "$(jfield lost "$json")" "$(jfield lag_p99_us "$json")" "$(( $(steal_ms) - steal0 ))" \
         "$(stalled_ms "$PROBE_SERVER_CPU")" "$(stalled_ms "$PROBE_LOAD_CPU")" \
-        "$(socket_us socket_p50_us "$json")" "$(socket_us socket_p99_us "$json")" >>"$RESULTS"
+        "$(socket_us socket_p50_us "$json")" "$(socket_us socket_p99_us "$json")" \
+        "$(slowed_ms "$PROBE_SERVER_CPU")" "$(slowed_ms "$PROBE_LOAD_CPU")" >>"$RESULTS"
 }
 
 # Every run gets a fresh server, so nothing a case leaves behind (queued bytes, grown buffers,
@@ -411,10 +419,11 @@ result_cells() {
 # how much CPU the hypervisor stole during the run, and how long the stall probes found each CPU
 # paused. A latency close to the tool's lag is the tool's; a p99 of milliseconds in a run whose
 # CPUs paused for tens of ms is the machine's.
-context_head() { echo "$1 tool lag p99 µs | $1 steal ms | $1 stalled ms (server / load CPU) |"; }
+context_head() { echo "$1 tool lag p99 µs | $1 steal ms | $1 stalled ms (server / load CPU) | $1 slowed ms (server / load CPU) |"; }
 context_cells() {
     echo "$(fmt_us "$(median "$1" "$2" 11)") | $(median "$1" "$2" 12) |" \
-        "$(median "$1" "$2" 13) / $(median "$1" "$2" 14) |"
+        "$(median "$1" "$2" 13) / $(median "$1" "$2" 14) |" \
+        "$(median "$1" "$2" 17) / $(median "$1" "$2" 18) |"
 }
 
 # Latency to the receiving socket: from the sender's stamp to the kernel's receive timestamp of
@@ -474,8 +483,9 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     md_table result_head result_cells
     echo
     echo "The load tool's own lateness, the CPU steal and the CPUs' pauses (\`axhost-stall-probe\`:"
-    echo "a 1 ms real-time tick on each CPU; summed lateness of wakes more than 500 µs late) in the"
-    echo "fixed-rate runs (medians):"
+    echo "a 1 ms real-time tick on each CPU; summed lateness of wakes more than 500 µs late; and the"
+    echo "time it found the CPU under half speed: the ticks whose ~5 µs unit of work took over twice"
+    echo "the run's median, times the tick) in the fixed-rate runs (medians):"
     echo
     md_table context_head context_cells fixed
     echo
@@ -510,8 +520,9 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo
     if [ -s "$TMP/machine" ]; then
         echo "Pauses of a busy CPU (\`axhost-stall-probe --spin\`, ${MACHINE_CHECK} s per step: the summed"
-        echo "gaps over 500 µs between two clock reads of a busy loop, their number and the worst),"
-        echo "before and after the runs:"
+        echo "gaps over 500 µs between two clock reads of a busy loop, their number and the worst; and"
+        echo "the summed time of its ~5 µs work units that took over twice their median), before and"
+        echo "after the runs:"
         echo
         echo "| when | CPUs busy | paused |"
         echo "| --- | --- | --- |"
@@ -521,7 +532,7 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     echo "## Raw runs"
     echo
     echo '```'
-    printf 'system\tcase\trep\tsent/s\tdelivered/s\tp50\tp99\tp99.9\tmax\tlost\tlag_p99\tsteal_ms\tstall_srv_ms\tstall_load_ms\tsocket_p50\tsocket_p99\n'
+    printf 'system\tcase\trep\tsent/s\tdelivered/s\tp50\tp99\tp99.9\tmax\tlost\tlag_p99\tsteal_ms\tstall_srv_ms\tstall_load_ms\tsocket_p50\tsocket_p99\tslow_srv_ms\tslow_load_ms\n'
     cat "$RESULTS"
     echo '```'
 } >"$OUT.tmp"
