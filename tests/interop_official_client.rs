@@ -606,20 +606,10 @@ async fn official_client_drives_a_chat_and_its_reducers_match_the_host() {
         )
         .await
         .expect("dispatch");
-    let got = m.take(2).await;
-    assert_echo(&got[0], "chat/turnCancelled", "client-a", h5.client_seq);
-    assert!(m.chat.active_turn.is_none());
-
-    // 6. A queued message added while idle starts the oldest queued one (q1).
-    let h6 = a
-        .dispatch(
-            chat_uri("s1"),
-            action(pending_set("queued", "q2", "Second")),
-        )
-        .await
-        .expect("dispatch");
+    // The turn ends, so the queued message starts at once (AHP: "when a turn ends and
+    // queuedMessages is non-empty the server SHOULD" start it).
     let got = m.take(4).await;
-    assert_echo(&got[0], "chat/pendingMessageSet", "client-a", h6.client_seq);
+    assert_echo(&got[0], "chat/turnCancelled", "client-a", h5.client_seq);
     assert_server(&got[1], "chat/pendingMessageRemoved");
     assert_server(&got[2], "chat/turnStarted");
     assert_server(&got[3], "session/chatUpdated");
@@ -629,6 +619,19 @@ async fn official_client_drives_a_chat_and_its_reducers_match_the_host() {
         m.chat.active_turn.as_ref().map(|t| t.message.text.as_str()),
         Some("Later")
     );
+    assert!(m.chat.queued_messages.iter().flatten().next().is_none());
+
+    // 6. A message queued while that turn runs waits behind it.
+    let h6 = a
+        .dispatch(
+            chat_uri("s1"),
+            action(pending_set("queued", "q2", "Second")),
+        )
+        .await
+        .expect("dispatch");
+    let got = m.take(2).await;
+    assert_echo(&got[0], "chat/pendingMessageSet", "client-a", h6.client_seq);
+    assert_server(&got[1], "session/chatUpdated");
     let queued: Vec<&str> = m
         .chat
         .queued_messages

@@ -25,6 +25,7 @@ use crate::channel::{chat_uri, session_uri, ChannelRef, ROOT};
 use crate::connection::ConnId;
 use crate::error::{RpcError, STALE, TURN_IN_PROGRESS};
 use crate::host::{parse_params, Host};
+use crate::limits::ACTION_DEPTH_MAX;
 use crate::principal::Role;
 use crate::sequencer::Sequenced;
 use crate::session::{SessionEntry, Touched, Which};
@@ -287,6 +288,30 @@ impl<S: Store> Host<S> {
         p: &DispatchParams<'_>,
         origin: ActionOrigin,
     ) -> Result<(), RpcError> {
+        // Refusals that need nothing from the store come before the receipt lookup, so a
+        // client that may not dispatch costs no store read however often it tries. No answer
+        // to a permitted client changes: a receipt is committed only for an action that passes
+        // all three, on the chat of a session that stays open (sessions are never closed).
+        if role != Role::Maintainer {
+            return Err(RpcError::forbidden("Only maintainers can do this"));
+        }
+        let id = match ChannelRef::parse(&p.channel) {
+            ChannelRef::Chat(id) if self.sessions.get(id).is_some_and(|e| !e.meta.closed) => {
+                id.to_owned()
+            }
+            _ => {
+                return Err(RpcError::invalid_params(
+                    "This action must target an open session's chat",
+                ))
+            }
+        };
+        // The action was read raw, with no depth limit. What is committed must stay readable
+        // when wrapped in envelopes, checkpoints and snapshots (see `ACTION_DEPTH_MAX`).
+        if wire::json_depth(p.action.get()) > ACTION_DEPTH_MAX {
+            return Err(RpcError::invalid_params(format!(
+                "Invalid AHP action: nests too deeply (at most {ACTION_DEPTH_MAX} levels)"
+            )));
+        }
         let params_value = json!({
             "channel": p.channel,
             "clientSeq": p.client_seq,
@@ -313,19 +338,6 @@ impl<S: Store> Host<S> {
         if known == Some(true) {
             return Ok(());
         }
-        if role != Role::Maintainer {
-            return Err(RpcError::forbidden("Only maintainers can do this"));
-        }
-        let id = match ChannelRef::parse(&p.channel) {
-            ChannelRef::Chat(id) if self.sessions.get(id).is_some_and(|e| !e.meta.closed) => {
-                id.to_owned()
-            }
-            _ => {
-                return Err(RpcError::invalid_params(
-                    "This action must target an open session's chat",
-                ))
-            }
-        };
         let action: StateAction = serde_json::from_str(p.action.get())
             .map_err(|e| RpcError::invalid_params(format!("Invalid AHP action: {e}")))?;
         let Some(entry) = self.sessions.remove(&id) else {
@@ -449,7 +461,10 @@ impl<S: Store> Host<S> {
                 // The host measured the turn: its clock decides the duration, as it decided
                 // `startedAt`, so `modifiedAt` (startedAt + duration) stays on the host's clock.
                 a.duration = elapsed_ms(&active.started_at, now_ms);
-                tx.emit(Which::Chat, StateAction::ChatTurnCancelled(a), Some(origin))
+                tx.emit(Which::Chat, StateAction::ChatTurnCancelled(a), Some(origin))?;
+                // The chat is idle now: a message queued during the turn starts, as after a
+                // steering interrupt.
+                self.next_turn(tx, now_ms)
             }
             StateAction::ChatToolCallConfirmed(_) => {
                 // Tool calls come from executors (AXP), and none holds a lease on this chat.
@@ -615,9 +630,16 @@ impl<S: Store> Host<S> {
 
     /// Echoes a refused action to its sender only, at the current `serverSeq`, changing nothing.
     fn reject(&mut self, conn: ConnId, p: &DispatchParams<'_>, client_id: &str, e: &RpcError) {
+        // An action refused for its depth is echoed as `null`: echoed as sent it could make
+        // the frame deeper than JSON readers accept.
+        let action = if wire::json_depth(p.action.get()) <= ACTION_DEPTH_MAX {
+            serde_json::from_str::<Value>(p.action.get()).unwrap_or(Value::Null)
+        } else {
+            Value::Null
+        };
         let params = json!({
             "channel": p.channel,
-            "action": serde_json::from_str::<Value>(p.action.get()).unwrap_or(Value::Null),
+            "action": action,
             "serverSeq": self.seq.current(),
             "origin": { "clientId": client_id, "clientSeq": p.client_seq },
             "rejectionReason": e.message,

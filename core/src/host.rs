@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use crate::channel::{self, ChannelRef, ROOT};
 use crate::connection::{ConnId, Connections, Enqueued, FrameClass, Phase};
 use crate::dispatch::RecentDispatches;
-use crate::error::{RpcError, LIMIT, METHOD_NOT_FOUND, PERMISSION_DENIED};
-use crate::limits::{Limits, LimitsError};
+use crate::error::{RpcError, INVALID_REQUEST, LIMIT, METHOD_NOT_FOUND, PERMISSION_DENIED};
+use crate::limits::{Limits, LimitsError, REQUEST_ID_BYTES_MAX};
 use crate::output::{CloseCode, Frame, FramePool, Outbox, Output};
 use crate::principal::Principal;
 use crate::relay::Relay;
@@ -452,6 +452,19 @@ impl<S: Store> Host<S> {
         method: &str,
         params: Option<&RawValue>,
     ) {
+        if method == "clientService/request" && id.len() > REQUEST_ID_BYTES_MAX {
+            // A relayed request's id is kept until the request ends, so its length is bounded.
+            // An id too long to keep is not echoed either: JSON-RPC answers a request whose id
+            // cannot be taken with `id: null`, as the host does for ids it cannot read.
+            let e = RpcError::new(
+                INVALID_REQUEST,
+                format!(
+                    "Invalid JSON-RPC request: a clientService/request id may be at most \
+                     {REQUEST_ID_BYTES_MAX} bytes"
+                ),
+            );
+            return self.reply_error(conn, "null", &e);
+        }
         let ready = self
             .conns
             .get(conn)

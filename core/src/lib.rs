@@ -52,7 +52,9 @@
 //! message naming ids and counters, never payloads.
 //!
 //! ## Limits
-//! Every bound is a field of [`Limits`], with the reason for its default.
+//! Every configurable bound is a field of [`Limits`], with the reason for its default. A few
+//! fixed bounds are constants beside it: [`ACTION_DEPTH_MAX`], [`SERVICE_METADATA_DEPTH_MAX`],
+//! [`REQUEST_ID_BYTES_MAX`] and [`SERVICES_MAX`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -80,7 +82,9 @@ pub use connection::ConnId;
 pub use error::RpcError;
 pub use hash::{IdHasher, U64Map};
 pub use host::{Host, HostConfig, HostError, Input, Stats};
-pub use limits::Limits;
+pub use limits::{
+    Limits, ACTION_DEPTH_MAX, REQUEST_ID_BYTES_MAX, SERVICES_MAX, SERVICE_METADATA_DEPTH_MAX,
+};
 pub use output::{CloseCode, Frame, Output};
 pub use principal::{session_id_from_scope_entry, Principal, Role, SessionScope};
 pub use services::{CAPABILITY as CLIENT_SERVICES_CAPABILITY, METHODS as CLIENT_SERVICES_METHODS};

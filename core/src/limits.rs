@@ -73,6 +73,37 @@ pub const DEFAULT_SERVICE_PAYLOAD_BYTES_MAX: u32 = 1024 * 1024;
 /// Envelope room around a client-service payload (ids, method, metadata of the message).
 pub const SERVICE_ENVELOPE_BYTES: u32 = 64 * 1024;
 
+// Bounds that are not (yet) settings: fixed here, advertised or documented where they apply.
+
+/// Deepest JSON nesting `serde_json` reads, and so the host's own store and every client built
+/// on it: 127 levels of arrays and objects (it stops at 128).
+pub const JSON_DEPTH_READABLE_MAX: usize = 127;
+/// Levels the host wraps around an action's content, at most: a chat snapshot in an
+/// `initialize` result holds a turn's message at `result.snapshots[].state.turns[].message`,
+/// six levels deeper than in the `chat/turnStarted` that carried it (stored records and
+/// replayed envelopes add fewer).
+pub const ACTION_WRAPPING_DEPTH_MAX: usize = 6;
+/// Deepest `dispatchAction` action accepted, in levels of arrays and objects (the action
+/// object is the first); `-32602` above. The envelope's `params` is read raw, with no depth
+/// limit, so without this bound an action could be committed that the host, wrapping it in
+/// envelopes and checkpoints, could not read back at restart.
+pub const ACTION_DEPTH_MAX: usize = 64;
+/// Deepest service `metadata` accepted (levels); `-32602` above. Catalog frames wrap metadata
+/// five levels deep.
+pub const SERVICE_METADATA_DEPTH_MAX: usize = 32;
+/// Longest `clientService/request` id, in bytes of its JSON text (quotes included): the host
+/// keeps a pending request's id until the request ends. `-32600` with `id: null` above.
+pub const REQUEST_ID_BYTES_MAX: usize = 256;
+/// Client services registered on the whole host at once; `-32043` above. Bounds the registry
+/// (each service holds up to `service_metadata_bytes_max` of metadata) and the catalog snapshot,
+/// whatever the number of connections: 2048 entries of at most 4 KiB of metadata make a frame
+/// of ~9 MB, under the 16 MiB frame common WebSocket clients accept (tungstenite's default).
+/// Per connection: `Limits::services_per_conn_max`.
+pub const SERVICES_MAX: usize = 2048;
+
+const _: () = assert!(ACTION_DEPTH_MAX + ACTION_WRAPPING_DEPTH_MAX <= JSON_DEPTH_READABLE_MAX);
+const _: () = assert!(SERVICE_METADATA_DEPTH_MAX + 5 <= JSON_DEPTH_READABLE_MAX);
+
 const _: () = assert!(DEFAULT_MESSAGE_BYTES_MAX <= DEFAULT_FRAME_BYTES_MAX);
 const _: () = assert!(DEFAULT_QUEUE_BYTES_SOFT < DEFAULT_QUEUE_BYTES_HARD);
 const _: () =

@@ -55,6 +55,8 @@ impl Relay {
     }
 
     fn insert(&mut self, p: Pending) -> u64 {
+        // `Host::on_request` refuses longer ids; each is kept twice (here and in `by_caller`).
+        debug_assert!(p.caller_id.len() <= crate::limits::REQUEST_ID_BYTES_MAX);
         self.next_id += 1;
         let id = self.next_id;
         self.by_caller

@@ -25,6 +25,7 @@ use crate::connection::{ConnId, Enqueued, FrameClass};
 use crate::error::RpcError;
 use crate::hash::IdMap;
 use crate::host::{parse_params, Host};
+use crate::limits::{REQUEST_ID_BYTES_MAX, SERVICES_MAX, SERVICE_METADATA_DEPTH_MAX};
 use crate::principal::Principal;
 use crate::store::{Change, Store};
 use crate::wire;
@@ -221,6 +222,8 @@ impl<S: Store> Host<S> {
                 "requestTimeoutMs": l.relay_timeout_ms,
                 "requestTimeoutMsMax": l.relay_timeout_ms_max,
                 "notificationQueueBytes": l.queue_bytes_soft,
+                "servicesPerHost": SERVICES_MAX,
+                "requestIdBytes": REQUEST_ID_BYTES_MAX,
             }
         })
     }
@@ -234,10 +237,10 @@ impl<S: Store> Host<S> {
         }
         // Catalog frames wrap metadata five levels deep; JSON parsers (serde_json among them)
         // stop at 128 levels, so deep metadata would make every observer's snapshot unreadable.
-        if json_depth(metadata.get()) > METADATA_DEPTH_MAX {
-            return Err(RpcError::invalid_params(
-                "metadata nests too deeply (at most 32 levels)",
-            ));
+        if wire::json_depth(metadata.get()) > SERVICE_METADATA_DEPTH_MAX {
+            return Err(RpcError::invalid_params(format!(
+                "metadata nests too deeply (at most {SERVICE_METADATA_DEPTH_MAX} levels)"
+            )));
         }
         Ok(())
     }
@@ -281,6 +284,13 @@ impl<S: Store> Host<S> {
         let audience = Self::check_audience(&p.audience)?;
         if self.services.owned_by(conn) >= self.config.limits.services_per_conn_max as usize {
             return Err(RpcError::limit("Service registration limit reached"));
+        }
+        // The per-connection cap alone lets one principal with many connections fill memory,
+        // and every catalog snapshot, with services.
+        if self.services.by_id.len() >= SERVICES_MAX {
+            return Err(RpcError::limit(
+                "Service registration limit reached for this host",
+            ));
         }
         let principal = self.principal(conn)?;
         let client_id = self.client_id(conn).unwrap_or_default();
@@ -509,35 +519,6 @@ impl<S: Store> Host<S> {
             ),
         ))
     }
-}
-
-/// Deepest nesting accepted in service metadata.
-const METADATA_DEPTH_MAX: usize = 32;
-
-/// The deepest array/object nesting in valid JSON text (brackets inside strings do not count).
-fn json_depth(text: &str) -> usize {
-    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-    for b in text.bytes() {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                max = max.max(depth);
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    max
 }
 
 /// Builds `{"jsonrpc":"2.0",["id":ID,]"method":M,"params":{"channel":..,"serviceId":..,

@@ -156,6 +156,7 @@ pub struct MemStore {
     /// Receipt reads left to fail on purpose, for fault injection.
     fail_receipt_reads: u32,
     commits: u64,
+    receipt_reads: u64,
 }
 
 impl MemStore {
@@ -177,6 +178,11 @@ impl MemStore {
     /// Successful commits so far.
     pub fn commits(&self) -> u64 {
         self.commits
+    }
+
+    /// Receipt reads asked for so far, failed ones included.
+    pub fn receipt_reads(&self) -> u64 {
+        self.receipt_reads
     }
 
     /// Every event committed, oldest first.
@@ -255,6 +261,7 @@ impl Store for MemStore {
     }
 
     fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError> {
+        self.receipt_reads += 1;
         if self.fail_receipt_reads > 0 {
             self.fail_receipt_reads -= 1;
             return Err(StoreError("injected receipt read failure".into()));

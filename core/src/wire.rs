@@ -481,6 +481,34 @@ fn first_special_by_words(bytes: &[u8]) -> Option<usize> {
         .map(|i| at + i)
 }
 
+/// The deepest array/object nesting in valid JSON text, the outermost container being level 1
+/// (brackets inside strings do not count). For values read raw (`RawValue` keeps no depth limit)
+/// that the host will store or wrap in frames of its own. One pass, no allocation.
+pub(crate) fn json_depth(text: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 /// `{"jsonrpc":"2.0","id":ID,"result":RESULT}` where `result` is JSON text.
 pub fn result_frame(id: &str, result: &str) -> Frame {
     let mut out = Vec::with_capacity(40 + id.len() + result.len());
@@ -584,6 +612,17 @@ mod tests {
         let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
         assert!(plain_json(nested(PAYLOAD_DEPTH_FAST_MAX).as_bytes()));
         assert!(!plain_json(nested(PAYLOAD_DEPTH_FAST_MAX + 1).as_bytes()));
+    }
+
+    #[test]
+    fn json_depth_counts_containers_not_brackets_in_strings() {
+        assert_eq!(json_depth("1"), 0);
+        assert_eq!(json_depth(r#""[{""#), 0);
+        assert_eq!(json_depth("{}"), 1);
+        assert_eq!(json_depth(r#"[{"a":[1]},{"b":2}]"#), 3);
+        assert_eq!(json_depth(r#"{"a":"\\\"[[[","b":{}}"#), 2);
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert_eq!(json_depth(&nested(200)), 200);
     }
 
     #[test]

@@ -936,3 +936,197 @@ fn a_reply_larger_than_the_queue_limit_still_reaches_a_reader_that_keeps_up() {
         "the reply ({size} bytes) is over the limit and still delivered"
     );
 }
+
+/// A `chat/turnStarted` whose JSON nests exactly `depth` levels: the action (1), its message
+/// (2), the message's `_meta` (3) and `depth - 3` objects inside that.
+fn deep_turn(id: &str, depth: usize) -> Value {
+    let inner = depth - 3;
+    let meta = format!("{}{{}}{}", "{\"a\":".repeat(inner), "}".repeat(inner));
+    let text = format!(
+        r#"{{"type":"chat/turnStarted","turnId":"{id}","startedAt":"2020-01-01T00:00:00.000Z","message":{{"text":"deep","origin":{{"kind":"user"}},"_meta":{meta}}}}}"#
+    );
+    assert_eq!(crate::wire::json_depth(&text), depth);
+    serde_json::from_str(&text).expect("json")
+}
+
+#[test]
+fn an_action_too_deep_to_store_is_refused_and_what_is_committed_loads_after_a_restart() {
+    // Found by review: `params` is read raw (no depth limit) and an action of ~127 levels
+    // decoded and was committed; the stored envelope and checkpoint wrap it deeper than
+    // serde_json reads, so the host could not restart (CorruptRecord).
+    let depth_max = crate::ACTION_DEPTH_MAX;
+    let mut h = Harness::new();
+    h.open_chat(&["ahp-root://"]);
+    let (seq, commits) = (h.host.server_seq(), h.host.store().commits());
+    let out = h.dispatch(1, "ahp-chat:/s1", 1, deep_turn("t0", depth_max + 1));
+    assert_eq!(out.len(), 1, "only the rejection: {out:?}");
+    let reason = out[0].1["params"]["rejectionReason"].as_str().unwrap_or("");
+    assert!(reason.contains("nests too deeply"), "{reason}");
+    assert!(
+        out[0].1["params"]["action"].is_null(),
+        "a refused deep action is not echoed back"
+    );
+    assert_eq!(h.host.server_seq(), seq);
+    assert_eq!(h.host.store().commits(), commits);
+    assert!(h.host.channel_state("ahp-chat:/s1").expect("chat")["activeTurn"].is_null());
+    // Far too deep for the echo to carry: still one readable rejection.
+    let out = h.dispatch(1, "ahp-chat:/s1", 2, deep_turn("t0", 126));
+    assert!(out[0].1["params"]["rejectionReason"].is_string());
+
+    // The deepest action accepted is committed, and stays readable however the host wraps it:
+    // as an event, in a checkpoint (after the turn ends, inside `turns`), in snapshots.
+    let out = h.dispatch(1, "ahp-chat:/s1", 3, deep_turn("t1", depth_max));
+    assert!(
+        out.iter()
+            .any(|(_, v)| v["params"]["action"]["type"] == "chat/turnStarted"
+                && v["params"].get("rejectionReason").is_none()),
+        "{out:?}"
+    );
+    h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        4,
+        json!({"type":"chat/turnCancelled","turnId":"t1","duration":1}),
+    );
+    // Enough event bytes for a checkpoint, so the stored chat holds the deep turn.
+    for (i, seq) in (5..11u64).step_by(2).enumerate() {
+        let id = format!("pad{i}");
+        h.dispatch(1, "ahp-chat:/s1", seq, turn(&id, &"x".repeat(30_000)));
+        h.dispatch(
+            1,
+            "ahp-chat:/s1",
+            seq + 1,
+            json!({"type":"chat/turnCancelled","turnId":id,"duration":1}),
+        );
+    }
+    // A deep message left queued behind a running turn: deepest in a snapshot.
+    h.dispatch(1, "ahp-chat:/s1", 11, turn("t2", "running"));
+    let mut queued = deep_turn("unused", depth_max);
+    let message = queued["message"].take();
+    let queued =
+        json!({"type":"chat/pendingMessageSet","kind":"queued","id":"q1","message":message});
+    let out = h.dispatch(1, "ahp-chat:/s1", 12, queued);
+    assert!(
+        out[0].1["params"].get("rejectionReason").is_none(),
+        "{out:?}"
+    );
+    // Every frame the harness reads is parsed by serde_json: the snapshot of the deep chat is
+    // readable.
+    h.init(
+        2,
+        Principal::maintainer("m"),
+        "c2",
+        &["ahp-chat:/s1", "ahp-session:/s1"],
+    );
+    let channels = ["ahp-session:/s1", "ahp-chat:/s1", "ahp-changeset:/s1"];
+    let states: Vec<_> = channels.iter().map(|c| h.host.channel_state(c)).collect();
+    let server_seq = h.host.server_seq();
+    let store = h.host.into_store();
+    let stored: Value = serde_json::from_str(store.record("ahp-chat:/s1").expect("chat record"))
+        .expect("the checkpoint reads");
+    assert!(
+        stored["turns"]
+            .as_array()
+            .is_some_and(|turns| turns.iter().any(|t| t["id"] == "t1")),
+        "the checkpoint holds the deep turn"
+    );
+    let mut h = Harness::with(HostConfig::default(), store);
+    let after: Vec<_> = channels.iter().map(|c| h.host.channel_state(c)).collect();
+    assert_eq!(after, states, "what was committed loads as it was");
+    assert_eq!(h.host.server_seq(), server_seq);
+    // And replays: a reconnect from the start carries every envelope.
+    h.connect(3, Principal::maintainer("m"));
+    let r = h.request(3, 1, "reconnect", json!({"channel":"ahp-root://","clientId":"c1","lastSeenServerSeq":0,"subscriptions":["ahp-chat:/s1"]}));
+    assert_eq!(r["result"]["type"], "replay");
+}
+
+#[test]
+fn a_message_queued_during_a_turn_starts_when_the_turn_is_cancelled() {
+    // Found by review: the docs say the host starts the next pending message whenever the
+    // chat is then idle; a cancel left the chat idle with its queue waiting.
+    let mut h = Harness::new();
+    h.open_chat(&[]);
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "first"));
+    let queued = json!({"type":"chat/pendingMessageSet","kind":"queued","id":"q1","message":{"text":"later","origin":{"kind":"user"}}});
+    h.dispatch(1, "ahp-chat:/s1", 2, queued);
+    let chat = h.host.channel_state("ahp-chat:/s1").expect("chat");
+    assert_eq!(chat["activeTurn"]["id"], "t1");
+    assert_eq!(chat["queuedMessages"][0]["id"], "q1");
+    let out = h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        3,
+        json!({"type":"chat/turnCancelled","turnId":"t1","duration":1}),
+    );
+    let actions: Vec<&Value> = out
+        .iter()
+        .filter(|(c, v)| *c == 1 && v["params"]["channel"] == "ahp-chat:/s1")
+        .map(|(_, v)| &v["params"]["action"])
+        .collect();
+    let types: Vec<&str> = actions.iter().filter_map(|a| a["type"].as_str()).collect();
+    assert_eq!(
+        types,
+        [
+            "chat/turnCancelled",
+            "chat/pendingMessageRemoved",
+            "chat/turnStarted"
+        ]
+    );
+    assert_eq!(actions[1]["id"], "q1");
+    assert_eq!(actions[2]["queuedMessageId"], "q1");
+    assert_eq!(actions[2]["message"]["text"], "later");
+    let chat = h.host.channel_state("ahp-chat:/s1").expect("chat");
+    assert_eq!(chat["turns"][0]["state"], "cancelled");
+    assert_eq!(chat["activeTurn"]["message"]["text"], "later");
+    assert!(chat.get("queuedMessages").is_none(), "{chat}");
+    // A cancel with nothing queued leaves the chat idle.
+    let active = chat["activeTurn"]["id"].clone();
+    h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        4,
+        json!({"type":"chat/turnCancelled","turnId":active,"duration":1}),
+    );
+    assert!(h.host.channel_state("ahp-chat:/s1").expect("chat")["activeTurn"].is_null());
+}
+
+#[test]
+fn a_client_that_may_not_dispatch_costs_no_store_read() {
+    // Found by review: the receipt lookup came before the role and target checks, so an
+    // observer flooding dispatchAction cost a store read per message.
+    let mut h = Harness::new();
+    h.open_chat(&[]);
+    h.init(2, observer("o"), "c2", &[]);
+    let reads = h.host.store().receipt_reads();
+    for seq in 1..=5 {
+        let out = h.dispatch(2, "ahp-chat:/s1", seq, turn("t1", "hi"));
+        assert_eq!(
+            out[0].1["params"]["rejectionReason"],
+            "Only maintainers can do this"
+        );
+    }
+    // A maintainer aiming at a channel that takes no actions, or sending an action too deep,
+    // is refused before the lookup too.
+    let out = h.dispatch(
+        1,
+        "ahp-session:/s1",
+        1,
+        json!({"type":"session/titleChanged","title":"x"}),
+    );
+    assert!(out[0].1["params"]["rejectionReason"].is_string());
+    let out = h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        1,
+        deep_turn("t1", crate::ACTION_DEPTH_MAX + 1),
+    );
+    assert!(out[0].1["params"]["rejectionReason"].is_string());
+    assert_eq!(h.host.store().receipt_reads(), reads);
+    // A permitted action under a clientSeq not committed lately is looked up, once.
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    assert_eq!(h.host.store().receipt_reads(), reads + 1);
+    assert_eq!(
+        h.host.channel_state("ahp-chat:/s1").expect("chat")["activeTurn"]["id"],
+        "t1"
+    );
+}

@@ -809,3 +809,84 @@ fn deeply_nested_metadata_is_refused_so_catalog_frames_stay_readable() {
         "brackets inside strings do not count: {r}"
     );
 }
+
+#[test]
+fn request_ids_over_the_limit_are_refused_and_never_kept() {
+    // Found by review: a caller could keep 256 requests with 1 MiB ids pending (each id held
+    // twice), half a GiB per connection.
+    let max = crate::REQUEST_ID_BYTES_MAX;
+    let mut h = Harness::new();
+    let init = h.init(1, Principal::maintainer("m"), "owner", &[]);
+    assert_eq!(
+        init["_meta"]["x-client-services"]["limits"]["requestIdBytes"],
+        max
+    );
+    h.init(2, Principal::maintainer("m"), "caller", &[]);
+    let id = h.register(1, json!({}));
+    // The limit counts the id's JSON text, quotes included.
+    let longest = json!("x".repeat(max - 2));
+    let out = h.call(2, longest.clone(), &id, "m", json!(null));
+    let hid = handle_request_id(&out, 1);
+    for too_long in [
+        format!("\"{}\"", "x".repeat(max - 1)),
+        format!("\"{}\"", "x".repeat(1024 * 1024)),
+        "9".repeat(max + 1),
+    ] {
+        let out = h.send_raw(2, &format!(r#"{{"jsonrpc":"2.0","id":{too_long},"method":"clientService/request","params":{{"channel":"{CATALOG}","serviceId":"{id}","method":"m","params":null}}}}"#));
+        assert_eq!(out.len(), 1, "nothing is forwarded: {out:?}");
+        assert_eq!(out[0].0, 2);
+        assert_eq!(out[0].1["id"], Value::Null, "an id refused is not echoed");
+        assert_eq!(out[0].1["error"]["code"], -32600);
+    }
+    assert_eq!(h.host.pending_requests(), 1);
+    // The longest id accepted is answered under that id.
+    let out = h.respond(1, hid, json!({"result": 1}));
+    assert_eq!(
+        out,
+        vec![(2, json!({"jsonrpc":"2.0","id":longest,"result":1}))]
+    );
+}
+
+#[test]
+fn the_host_holds_at_most_services_max_services() {
+    // Found by review: only the per-connection cap bounded the registry, so one principal with
+    // many connections could register 2048 x 64 services of 4 KiB each.
+    let max = crate::SERVICES_MAX;
+    let mut h = Harness::new();
+    let init = h.init(1, Principal::maintainer("m"), "late", &[]);
+    assert_eq!(
+        init["_meta"]["x-client-services"]["limits"]["servicesPerHost"],
+        max
+    );
+    let per_conn = h.host.limits().services_per_conn_max as usize;
+    let mut first = None;
+    for i in 0..max {
+        let conn = 10 + (i / per_conn) as u64;
+        if i % per_conn == 0 {
+            h.init(conn, Principal::maintainer("m"), &format!("o{conn}"), &[]);
+        }
+        let id = h.register(conn, json!({}));
+        first.get_or_insert((conn, id));
+    }
+    assert_eq!(h.host.service_count(), max);
+    // Connection 1 is far under its own cap; the host is full.
+    let r = h.request(
+        1,
+        5,
+        "client/registerService",
+        json!({"channel": CATALOG, "metadata": {}}),
+    );
+    assert_eq!(r["error"]["code"], -32043, "{r}");
+    assert_eq!(h.host.service_count(), max);
+    // A removal frees a place.
+    let (owner, id) = first.expect("registered");
+    let r = h.request(
+        owner,
+        6,
+        "client/unregisterService",
+        json!({"channel": CATALOG, "serviceId": id}),
+    );
+    assert_eq!(r["result"], json!({}));
+    h.register(1, json!({}));
+    assert_eq!(h.host.service_count(), max);
+}
