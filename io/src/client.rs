@@ -200,6 +200,28 @@ pub fn token_in_url(url: &str) -> Option<String> {
     crate::credentials::token_from_request(&[], Some(query))
 }
 
+/// `url` fit for an error message: a query (`?tkn=...`), fragment or user info (`user:pw@`)
+/// may hold a credential, so each is replaced by `...`.
+pub fn redacted_url(url: &str) -> String {
+    let (rest, tail) = match url.find(['?', '#']) {
+        Some(i) => (&url[..i], "?..."),
+        None => (url, ""),
+    };
+    let (scheme, after) = match rest.split_once("://") {
+        Some((scheme, after)) => (Some(scheme), after),
+        None => (None, rest),
+    };
+    let authority_end = after.find('/').unwrap_or(after.len());
+    let after = match after[..authority_end].rfind('@') {
+        Some(at) => format!("...@{}", &after[at + 1..]),
+        None => after.to_owned(),
+    };
+    match scheme {
+        Some(scheme) => format!("{scheme}://{after}{tail}"),
+        None => format!("{after}{tail}"),
+    }
+}
+
 /// One blocking connection to a host.
 pub struct Client {
     ws: WebSocket<TcpStream>,
@@ -225,20 +247,22 @@ impl Client {
     /// Opens `url` (`ws://HOST:PORT/axp`, optionally with `?tkn=`). `token`, when given, goes in
     /// an `Authorization: Bearer` header (and wins over one in the URL).
     pub fn connect(url: &str, token: Option<&str>) -> Result<Client, ClientError> {
+        // Errors name the URL without its query or user info, which may carry the token.
+        let url_shown = redacted_url(url);
         let mut req = url
             .into_client_request()
-            .map_err(|e| ClientError::Url(format!("{url}: {e}")))?;
+            .map_err(|e| ClientError::Url(format!("{url_shown}: {e}")))?;
         match req.uri().scheme_str() {
             Some("ws") => {}
             Some("wss") => {
                 return Err(ClientError::Url(format!(
-                "{url}: wss:// is not supported; connect with ws:// (a local TLS terminator can \
+                "{url_shown}: wss:// is not supported; connect with ws:// (a local TLS terminator can \
                      bridge)"
             )))
             }
             _ => {
                 return Err(ClientError::Url(format!(
-                    "{url}: expected ws://HOST:PORT/axp"
+                    "{url_shown}: expected ws://HOST:PORT/axp"
                 )))
             }
         }
@@ -251,7 +275,7 @@ impl Client {
         let host = req
             .uri()
             .host()
-            .ok_or_else(|| ClientError::Url(format!("{url}: no host")))?
+            .ok_or_else(|| ClientError::Url(format!("{url_shown}: no host")))?
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
@@ -683,6 +707,30 @@ mod tests {
             Some("q")
         );
         assert_eq!(token_in_url("ws://h:1/axp"), None);
+    }
+
+    #[test]
+    fn errors_never_echo_a_token_in_the_url() {
+        assert_eq!(
+            redacted_url("ws://h:1/axp?tkn=secret1&x=2"),
+            "ws://h:1/axp?..."
+        );
+        assert_eq!(redacted_url("ws://h:1/axp#token=s"), "ws://h:1/axp?...");
+        assert_eq!(redacted_url("ws://u:pw@h:1/axp"), "ws://...@h:1/axp");
+        assert_eq!(redacted_url("ws://h:1/a@b"), "ws://h:1/a@b");
+        assert_eq!(redacted_url("ws://h:1/axp"), "ws://h:1/axp");
+        assert_eq!(redacted_url("not a url?token=s"), "not a url?...");
+        for url in [
+            "wss://127.0.0.1:1/axp?tkn=secret2",
+            "http://127.0.0.1:1/axp?token=secret2",
+            "ws://[::1/axp?tkn=secret2",
+            "ws:///axp?tkn=secret2",
+            "ws://user:secret2@/axp",
+        ] {
+            let e = Client::connect(url, None).map(drop).expect_err(url);
+            let shown = e.to_string();
+            assert!(!shown.contains("secret2"), "{url}: {shown}");
+        }
     }
 
     #[test]

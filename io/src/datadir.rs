@@ -26,6 +26,10 @@ pub const DB_FILE: &str = "axhost.db";
 /// The host configuration file inside the data directory.
 pub const CONFIG_FILE: &str = "axhost.toml";
 
+/// The lock file beside the config: held (`flock`, exclusive) around every read-modify-write of
+/// the config, so concurrent `axhost token add|revoke` runs cannot lose each other's changes.
+pub const CONFIG_LOCK_FILE: &str = "axhost.toml.lock";
+
 /// The principal id [`bootstrap`] creates.
 pub const BOOTSTRAP_ID: &str = "admin";
 
@@ -95,6 +99,7 @@ fn data_dir_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathBuf {
 /// print the connection URL once. Returns `None` when principals already exist.
 pub fn bootstrap(dir: &Path) -> Result<Option<String>, ConfigError> {
     ensure_dir(dir)?;
+    let _lock = lock_config(dir)?;
     let mut cfg = config::load(dir)?;
     if !cfg.principals.is_empty() {
         return Ok(None);
@@ -133,6 +138,7 @@ pub fn token_add(
             ),
         });
     }
+    let _lock = lock_config(dir)?;
     let mut cfg = config::load(dir)?;
     if cfg.principals.iter().any(|p| p.id == id) {
         return Err(ConfigError::PrincipalExists {
@@ -166,6 +172,14 @@ pub fn token_list(dir: &Path) -> Result<Vec<(String, Role, String)>, ConfigError
 /// Removes principal `id`, and its membership of every trust group (a group left empty goes
 /// too). An unknown id is an error, so a typo does not look like a successful revocation.
 pub fn token_revoke(dir: &Path, id: &str) -> Result<(), ConfigError> {
+    // Nothing to revoke without a config; taking the lock would create a file for nothing.
+    if !config::config_path(dir).exists() {
+        return Err(ConfigError::UnknownPrincipal {
+            path: config::config_path(dir),
+            id: id.to_owned(),
+        });
+    }
+    let _lock = lock_config(dir)?;
     let mut cfg = config::load(dir)?;
     let before = cfg.principals.len();
     cfg.principals.retain(|p| p.id != id);
@@ -182,6 +196,29 @@ pub fn token_revoke(dir: &Path, id: &str) -> Result<(), ConfigError> {
     config::save(dir, &cfg)?;
     tracing::info!(principal = id, "revoked a credential");
     Ok(())
+}
+
+/// Takes the exclusive config lock, waiting for another holder; released when the returned
+/// file is dropped (or the process dies, so a crash leaves no stale lock).
+fn lock_config(dir: &Path) -> Result<fs::File, ConfigError> {
+    let path = dir.join(CONFIG_LOCK_FILE);
+    let io_err = |action: &'static str| {
+        let path = path.clone();
+        move |source| ConfigError::Io {
+            path,
+            action,
+            source,
+        }
+    };
+    let mut options = fs::OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let file = options
+        .open(&path)
+        .map_err(io_err("opening the config lock"))?;
+    file.lock().map_err(io_err("locking the config"))?;
+    Ok(file)
 }
 
 fn ensure_dir(dir: &Path) -> Result<(), ConfigError> {
@@ -334,6 +371,39 @@ mod tests {
             config::load(dir).expect("load").trust_groups,
             vec![vec!["a".to_owned()]]
         );
+    }
+
+    #[test]
+    fn concurrent_adds_and_revokes_lose_nothing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().to_owned();
+        token_add(&dir, "doomed", Role::Observer, SessionScope::All).expect("add");
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let dir = dir.clone();
+                std::thread::spawn(move || {
+                    if t == 0 {
+                        token_revoke(&dir, "doomed").expect("revoke");
+                    }
+                    for i in 0..6 {
+                        let id = format!("p{t}-{i}");
+                        token_add(&dir, &id, Role::Observer, SessionScope::All).expect("add");
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        let ids: BTreeSet<String> = token_list(&dir)
+            .expect("list")
+            .into_iter()
+            .map(|(id, _, _)| id)
+            .collect();
+        let want: BTreeSet<String> = (0..8)
+            .flat_map(|t| (0..6).map(move |i| format!("p{t}-{i}")))
+            .collect();
+        assert_eq!(ids, want, "every add kept and the revoke too");
     }
 
     #[test]

@@ -105,6 +105,30 @@ const ACCEPT_RETRY_MS: u64 = 100;
 /// Past `connections_max + SOCKETS_PENDING_MAX` new sockets are dropped at accept.
 const SOCKETS_PENDING_MAX: usize = 1024;
 
+/// Sockets still waiting for their HTTP head. Past this, a new socket takes the place of the
+/// oldest one that has waited `HEAD_GRACE_MS`, so peers that connect and stay silent (a
+/// slowloris) cannot keep real clients out for a whole `handshake_timeout_ms`. Below
+/// `SOCKETS_PENDING_MAX`, so silent sockets alone never fill the socket table.
+const HEAD_SOCKETS_MAX: usize = 512;
+
+/// How long a socket may wait for its head before a newcomer may evict it. A real client sends
+/// its head right behind the TCP handshake; this leaves room for a lost segment or two.
+const HEAD_GRACE_MS: u64 = 1_000;
+
+/// Pause before accepting again while every waiting socket is still within its grace (the new
+/// ones wait in the listen backlog meanwhile).
+const HEAD_WAIT_RETRY_MS: u64 = 10;
+
+/// At most one warning per this interval about sockets dropped at accept; the rest are counted.
+const OVERLOAD_LOG_MS: u64 = 1_000;
+
+/// Cap on one WebSocket's unsent bytes that the driver added itself (pongs, keepalive pings,
+/// the close frame), which the core does not count. Core frames are not counted here: the core
+/// bounds them (`queue_bytes_hard`, plus one reply it deliberately lets exceed that so a large
+/// snapshot or replay reaches a reader that keeps up). A peer that sends pings and never reads
+/// their pongs reaches this; an honest one never queues more than a few frames of its own.
+const OWN_BYTES_MAX: u64 = 1 << 20;
+
 /// Loop passes of "drain outputs, write sockets, report flushed" per turn.
 const FLUSH_PASSES_MAX: usize = 4;
 
@@ -113,10 +137,11 @@ type Deadline = (u64, u64);
 
 /// What one socket is doing.
 enum Phase {
-    /// Reading the HTTP request head into `head`, until `deadline_ms`.
+    /// Reading the HTTP request head into `head`, since `accepted_ms`, until `deadline_ms`.
     Head {
         wire: Wire,
         head: Vec<u8>,
+        accepted_ms: u64,
         deadline_ms: u64,
     },
     /// A WebSocket the core knows as `ConnId(id)`. `heard_ms`: when the peer last sent
@@ -194,6 +219,13 @@ struct Driver<S: Store> {
     /// Head timeouts, keepalive probes and closing lingers. Invariant: one entry per `Head` or
     /// `Closing` slot, and per `Open` slot while keepalive is on.
     deadlines: BTreeSet<Deadline>,
+    /// Ids of the `Head` slots. Ids grow with accept order, so the first is the oldest.
+    /// Invariant: exactly the slots in the `Head` phase.
+    heads: BTreeSet<u64>,
+    /// Sockets dropped at accept (or evicted to make room) since the last warning about it.
+    overload_dropped: u64,
+    /// When the next such warning may be logged.
+    overload_log_ms: u64,
     keepalive_ms: Option<u64>,
     /// Connections to read this turn even without a new readiness event (mio is edge-triggered),
     /// each listed once (`Slot::in_backlog`). Ids of slots dropped since may linger; skipped.
@@ -203,9 +235,6 @@ struct Driver<S: Store> {
     accept_retry_ms: Option<u64>,
     /// Set once a signal asked us to stop: the time by which the driver returns regardless.
     stop_by_ms: Option<u64>,
-    /// Cap on one connection's unsent bytes. The core closes a connection long before (at
-    /// `queue_bytes_hard`); this only stops bytes the core does not count (pongs) from piling up.
-    out_bytes_max: u64,
     busy_poll: BusyPoll,
     /// When the last wait returned: the work since then is the current turn.
     woke_at: std::time::Instant,
@@ -221,11 +250,6 @@ impl<S: Store> Driver<S> {
         let mut signals = Signals::new([SIGINT, SIGTERM])?;
         poll.registry()
             .register(&mut signals, SIGNALS, Interest::READABLE)?;
-        let limits = host.limits();
-        let out_bytes_max = limits
-            .queue_bytes_hard
-            .saturating_mul(2)
-            .saturating_add(1 << 20);
         tracing::info!(addr = %local_addr, "listening");
         Ok(Driver {
             host,
@@ -242,11 +266,13 @@ impl<S: Store> Driver<S> {
             slots: U64Map::default(),
             next_id: 1,
             deadlines: BTreeSet::new(),
+            heads: BTreeSet::new(),
+            overload_dropped: 0,
+            overload_log_ms: 0,
             backlog: Vec::new(),
             dirty: Vec::new(),
             accept_retry_ms: None,
             stop_by_ms: None,
-            out_bytes_max,
             busy_poll: BusyPoll::new(Duration::from_micros(opts.busy_poll_us)),
             woke_at: std::time::Instant::now(),
         })
@@ -264,6 +290,12 @@ impl<S: Store> Driver<S> {
                     SIGNALS => signalled = true,
                     Token(t) => {
                         let id = t as u64;
+                        if event.is_read_closed() || event.is_error() {
+                            // This edge is the only report of the FIN: read through to it.
+                            if let Some(wire) = self.slots.get_mut(&id).and_then(Slot::wire_mut) {
+                                wire.mark_read_closed();
+                            }
+                        }
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
                             self.mark_readable(id);
                         }
@@ -416,11 +448,26 @@ impl<S: Store> Driver<S> {
 
     fn accept(&mut self) {
         self.accept_retry_ms = None;
-        let Some(listener) = self.listener.as_mut() else {
+        if self.listener.is_none() {
             return;
-        };
+        }
         let sockets_max = self.host.limits().connections_max as usize + SOCKETS_PENDING_MAX;
         loop {
+            let now_ms = self.clock.now().mono.0;
+            let table_full = self.slots.len() >= sockets_max;
+            if table_full || self.heads.len() >= HEAD_SOCKETS_MAX {
+                let evicted = self.evict_oldest_head(now_ms);
+                if !evicted && !table_full {
+                    // Every socket waiting for its head is still young: most likely a burst of
+                    // real clients whose heads are on the way. New ones wait in the listen
+                    // backlog until this turn has read those heads.
+                    self.accept_retry_ms = Some(now_ms.saturating_add(HEAD_WAIT_RETRY_MS));
+                    return;
+                }
+            }
+            let Some(listener) = self.listener.as_mut() else {
+                return;
+            };
             let (mut tcp, peer) = match listener.accept() {
                 Ok(accepted) => accepted,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -436,13 +483,15 @@ impl<S: Store> Driver<S> {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed; retrying shortly");
-                    let now_ms = self.clock.now().mono.0;
                     self.accept_retry_ms = Some(now_ms.saturating_add(ACCEPT_RETRY_MS));
                     return;
                 }
             };
             if self.slots.len() >= sockets_max {
-                tracing::warn!(peer = %peer, sockets = self.slots.len(), "too many sockets; dropped");
+                // Full of WebSockets and closing sockets, none of them evictable: refuse at once
+                // rather than leave the peer hanging in the backlog.
+                drop(tcp);
+                self.overloaded(now_ms, peer, "too many sockets; new ones dropped");
                 continue;
             }
             if let Err(e) = tcp.set_nodelay(true) {
@@ -458,16 +507,13 @@ impl<S: Store> Driver<S> {
                 tracing::warn!(peer = %peer, error = %e, "register failed; dropped");
                 continue;
             }
-            let deadline_ms = self
-                .clock
-                .now()
-                .mono
-                .0
-                .saturating_add(self.host.limits().handshake_timeout_ms);
+            let deadline_ms = now_ms.saturating_add(self.host.limits().handshake_timeout_ms);
             self.deadlines.insert((deadline_ms, id));
+            self.heads.insert(id);
             let phase = Phase::Head {
                 wire: Wire::new(tcp),
                 head: Vec::new(),
+                accepted_ms: now_ms,
                 deadline_ms,
             };
             self.slots.insert(
@@ -483,6 +529,58 @@ impl<S: Store> Driver<S> {
             self.backlog.push(id);
             tracing::debug!(conn = id, peer = %peer, "accepted");
         }
+    }
+
+    /// Drops the socket that has waited longest for its HTTP head, if it has waited at least
+    /// `HEAD_GRACE_MS`, to make room for a new one. Returns whether one was dropped.
+    fn evict_oldest_head(&mut self, now_ms: u64) -> bool {
+        let Some(&oldest) = self.heads.first() else {
+            return false;
+        };
+        let accepted_ms = match self.slots.get(&oldest).map(|s| &s.phase) {
+            Some(Phase::Head { accepted_ms, .. }) => *accepted_ms,
+            _ => {
+                // Not a head any more (cannot happen: `heads` follows the phases); forget it.
+                self.heads.remove(&oldest);
+                return true;
+            }
+        };
+        if now_ms.saturating_sub(accepted_ms) < HEAD_GRACE_MS {
+            return false;
+        }
+        let peer = self.slots.get(&oldest).map(|s| s.peer);
+        let now = self.clock.now();
+        self.drop_slot(
+            oldest,
+            "evicted: no request head while sockets are short",
+            now,
+        );
+        if let Some(peer) = peer {
+            self.overloaded(
+                now_ms,
+                peer,
+                "too many sockets without a request head; oldest dropped",
+            );
+        }
+        true
+    }
+
+    /// Counts a socket dropped for lack of room and warns at most once per `OVERLOAD_LOG_MS`
+    /// (a flood would otherwise log a line per socket).
+    fn overloaded(&mut self, now_ms: u64, peer: SocketAddr, what: &'static str) {
+        self.overload_dropped += 1;
+        if now_ms < self.overload_log_ms {
+            return;
+        }
+        tracing::warn!(
+            peer = %peer,
+            dropped = self.overload_dropped,
+            sockets = self.slots.len(),
+            waiting_for_head = self.heads.len(),
+            "{what}"
+        );
+        self.overload_dropped = 0;
+        self.overload_log_ms = now_ms.saturating_add(OVERLOAD_LOG_MS);
     }
 
     fn on_readable(&mut self, id: u64) {
@@ -616,11 +714,13 @@ impl<S: Store> Driver<S> {
             mut wire,
             head,
             deadline_ms,
+            ..
         } = std::mem::replace(&mut slot.phase, Phase::Moving)
         else {
             return;
         };
         self.deadlines.remove(&(deadline_ms, id));
+        self.heads.remove(&id);
         wire.push_raw(&http::switching_protocols(&key));
         // Bytes after the head were sent early (frames); the reader parses them first.
         let early = head.get(head_len..).unwrap_or_default();
@@ -669,6 +769,7 @@ impl<S: Store> Driver<S> {
             return;
         };
         self.deadlines.remove(&(deadline_ms, id));
+        self.heads.remove(&id);
         wire.push_raw(&http::response(status, body));
         if status == Status::Ok {
             tracing::debug!(conn = id, peer = %slot.peer, status = status.code(), "http");
@@ -741,7 +842,7 @@ impl<S: Store> Driver<S> {
                     break;
                 }
                 Step::Eof => {
-                    stop = Stop::Gone("eof without a close frame");
+                    stop = Stop::Eof;
                     break;
                 }
                 Step::Error(_) => {
@@ -768,6 +869,12 @@ impl<S: Store> Driver<S> {
             Stop::Close(code, reason) => self.close(id, code, reason, now),
             Stop::PeerClosed(code) => {
                 tracing::info!(conn = id, code, "peer closed");
+                self.close_with(id, None, now);
+            }
+            Stop::Eof => {
+                // Half-closed: the peer may still read. Replies to its last frames are already
+                // buffered, so let them drain (bounded by the linger) rather than drop them.
+                tracing::info!(conn = id, "peer sent EOF without a close frame");
                 self.close_with(id, None, now);
             }
             Stop::Gone(why) => self.drop_slot(id, why, now),
@@ -882,8 +989,8 @@ impl<S: Store> Driver<S> {
                 return self.drop_slot(id, why, now);
             }
         };
-        let pending = wire.pending_bytes();
         let flushed = wire.settle();
+        let own_pending = wire.own_pending_bytes();
         if drained == slot.writable {
             let interest = if drained {
                 Interest::READABLE
@@ -911,8 +1018,14 @@ impl<S: Store> Driver<S> {
                         },
                     );
                 }
-                if pending > self.out_bytes_max {
-                    self.drop_slot(id, "outbound bytes over the driver cap", now);
+                if own_pending > OWN_BYTES_MAX {
+                    tracing::warn!(
+                        conn = id,
+                        peer = %slot.peer,
+                        own_pending,
+                        "peer does not read the control frames it asks for; closing"
+                    );
+                    self.close(id, 1008, "Control frames not read", now);
                 }
             }
             Phase::Closing {
@@ -955,7 +1068,11 @@ impl<S: Store> Driver<S> {
             return;
         };
         match &slot.phase {
-            Phase::Head { deadline_ms, .. } | Phase::Closing { deadline_ms, .. } => {
+            Phase::Head { deadline_ms, .. } => {
+                self.deadlines.remove(&(*deadline_ms, id));
+                self.heads.remove(&id);
+            }
+            Phase::Closing { deadline_ms, .. } => {
                 self.deadlines.remove(&(*deadline_ms, id));
             }
             Phase::Open { probe_ms, .. } => {
@@ -983,6 +1100,8 @@ enum Stop {
     Close(u16, &'static str),
     /// The peer sent a close frame with this code (1005: none).
     PeerClosed(u16),
+    /// The peer's EOF without a close frame.
+    Eof,
     /// It is gone without a close handshake.
     Gone(&'static str),
 }

@@ -852,11 +852,45 @@ impl Ws {
         }
     }
 
+    /// Writes raw bytes to the socket, bypassing the WebSocket layer (for hand-made frames).
+    pub fn write_raw(&mut self, bytes: &[u8]) {
+        let s = self.ws.get_mut();
+        s.write_all(bytes).expect("write raw bytes");
+        s.flush().expect("flush raw bytes");
+    }
+
+    /// Sends a text frame and at once shuts down the sending side (TCP FIN, no close frame), so
+    /// the frame and the FIN reach the host together.
+    pub fn send_text_then_fin(&mut self, text: &str) {
+        self.write_raw(&client_frame(true, 0x1, text.as_bytes()));
+        let _ = self.ws.get_mut().shutdown(std::net::Shutdown::Write);
+    }
+
     /// Closes the WebSocket politely.
     pub fn close(mut self) {
         let _ = self.ws.close(None);
         let _ = self.ws.flush();
     }
+}
+
+/// A masked client frame (RFC 6455 5.2) with `opcode`, `fin` set as given.
+pub fn client_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![(u8::from(fin) << 7) | opcode];
+    match payload.len() {
+        n if n < 126 => out.push(0x80 | n as u8),
+        n if n <= 0xFFFF => {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(0x80 | 127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    let key = [0x5a, 0x13, 0xc7, 0x2e];
+    out.extend_from_slice(&key);
+    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    out
 }
 
 fn is_response(v: &Value) -> bool {

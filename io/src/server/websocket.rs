@@ -27,7 +27,8 @@
 use std::io::{self, Read};
 
 /// Read buffer per connection. Allocated and zeroed once at upgrade, so it stays small: at 2048
-/// connections 16 KiB each is 32 MiB. A larger frame grows it for as long as it takes to read.
+/// connections 16 KiB each is 32 MiB. A larger frame grows it (doubling as its bytes arrive)
+/// for as long as it takes to read.
 pub const READ_BUFFER_BYTES: usize = 16 * 1024;
 
 /// Largest control frame payload (RFC 6455 section 5.5).
@@ -348,9 +349,13 @@ impl FrameReader {
             self.end -= self.start;
             self.start = 0;
         }
-        if want > self.buf.len() {
-            // Only for a frame whose header passed the size check: bounded by `max` + 14.
-            self.buf.resize(want, 0);
+        if self.end == self.buf.len() {
+            // Full, and the frame needs more (`want` > `end - start`): grow by doubling, never
+            // past the frame (whose header passed the size check, so at most `max` + 14). Memory
+            // follows the bytes that arrived, not the length a header announced: a peer that
+            // announces 16 MiB and stalls holds twice what it sent.
+            let grown = self.buf.len().saturating_mul(2).min(want).max(self.end + 1);
+            self.buf.resize(grown, 0);
         }
         let n = src.read(&mut self.buf[self.end..])?;
         self.end += n;
@@ -592,6 +597,27 @@ mod tests {
         src.data.extend(frame(true, OPCODE_TEXT, b"small"));
         assert_eq!(describe(&reader.read_from(&mut src)), "text small");
         assert_eq!(reader.capacity(), READ_BUFFER_BYTES);
+    }
+
+    #[test]
+    fn an_announced_length_reserves_nothing_until_its_bytes_arrive() {
+        let mut header = vec![0x81, 0x80 | 127];
+        header.extend_from_slice(&(16u64 << 20).to_be_bytes());
+        header.extend_from_slice(&[1, 2, 3, 4]);
+        header.extend_from_slice(&[b'x'; 100]);
+        let mut src = waiting(header);
+        let mut reader = FrameReader::new(16 << 20, &[]);
+        // Many turns, a few bytes each: the buffer only grows once it is full.
+        for _ in 0..100 {
+            assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+            src.data.extend([b'x'; 10]);
+        }
+        assert_eq!(reader.capacity(), READ_BUFFER_BYTES);
+        // Filling the buffer doubles it, no more.
+        src.data
+            .extend(std::iter::repeat_n(b'x', READ_BUFFER_BYTES));
+        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+        assert_eq!(reader.capacity(), 2 * READ_BUFFER_BYTES);
     }
 
     #[test]

@@ -35,11 +35,17 @@ pub(crate) struct Wire {
     /// Invariant: `sent <= appended` and `appended - sent == out.len() - head`.
     appended: u64,
     sent: u64,
-    /// Core frames not yet reported flushed: (stream offset just past the frame, payload bytes),
-    /// in stream order.
-    ledger: VecDeque<(u64, u64)>,
+    /// Core frames not yet reported flushed: (stream offset just past the frame, payload bytes,
+    /// encoded bytes), in stream order.
+    ledger: VecDeque<(u64, u64, u64)>,
+    /// Encoded bytes of the frames in `ledger`, so the driver can tell the bytes the core
+    /// accounts for from its own (the HTTP response, pings, pongs, close frames).
+    ledger_bytes: u64,
     /// The last read this turn returned less than it asked for, so the socket was empty then.
     drained: bool,
+    /// The peer's FIN (or an error) was reported: no later event will come, so reads go on
+    /// until the socket itself says 0 or `WouldBlock`.
+    read_closed: bool,
 }
 
 impl Wire {
@@ -51,7 +57,9 @@ impl Wire {
             appended: 0,
             sent: 0,
             ledger: VecDeque::new(),
+            ledger_bytes: 0,
             drained: false,
+            read_closed: false,
         }
     }
 
@@ -72,9 +80,27 @@ impl Wire {
 
     /// Appends one core frame as a WebSocket text message and records where it ends.
     pub(crate) fn push_text(&mut self, payload: &[u8]) {
+        let before = self.appended;
         encode_frame(&mut self.out, OPCODE_TEXT, payload);
         self.appended = self.sent + (self.out.len() - self.head) as u64;
-        self.ledger.push_back((self.appended, payload.len() as u64));
+        let encoded = self.appended - before;
+        self.ledger
+            .push_back((self.appended, payload.len() as u64, encoded));
+        self.ledger_bytes += encoded;
+    }
+
+    /// Unsent bytes the driver itself added (HTTP response, pings, pongs, close frames), as
+    /// opposed to core frames, whose bytes the core bounds. Exact after [`Wire::settle`].
+    pub(crate) fn own_pending_bytes(&self) -> u64 {
+        // Only the first unsettled core frame can be partly written.
+        let core_unsent = match self.ledger.front() {
+            Some(&(end, _, encoded)) => {
+                let written = self.sent.saturating_sub(end - encoded).min(encoded);
+                self.ledger_bytes - written
+            }
+            None => 0,
+        };
+        self.pending_bytes().saturating_sub(core_unsent)
     }
 
     /// Appends an empty ping (keepalive); the reader reports its pong.
@@ -131,11 +157,12 @@ impl Wire {
     /// Payload bytes of core frames that reached the socket since the last call.
     pub(crate) fn settle(&mut self) -> u64 {
         let mut bytes = 0;
-        while let Some(&(end, len)) = self.ledger.front() {
+        while let Some(&(end, len, encoded)) = self.ledger.front() {
             if end > self.sent {
                 break;
             }
             bytes += len;
+            self.ledger_bytes -= encoded;
             self.ledger.pop_front();
         }
         bytes
@@ -160,6 +187,13 @@ impl Wire {
     pub(crate) fn start_read_turn(&mut self) {
         self.drained = false;
     }
+
+    /// The poller reported the peer's FIN or an error. That edge was consumed by the wait that
+    /// started this turn, so a short read must no longer end the turn: the EOF may already sit
+    /// behind the last bytes, and nothing would ever report it again.
+    pub(crate) fn mark_read_closed(&mut self) {
+        self.read_closed = true;
+    }
 }
 
 /// The frame reader reads the peer's bytes straight from the socket.
@@ -169,13 +203,15 @@ impl Wire {
 /// readiness event (which starts a new turn), so the next read of the same turn answers
 /// `WouldBlock` without the syscall that would only say so. Under light load that is one
 /// `recvfrom` of the four syscalls a relayed message costs (measured with the load tool).
+/// The one exception is a socket whose FIN was already reported (`mark_read_closed`): its
+/// EOF raises no new event, so it is read until the socket says so.
 impl Read for Wire {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if std::mem::take(&mut self.drained) {
             return Err(io::ErrorKind::WouldBlock.into());
         }
         let n = self.tcp.read(buf)?;
-        self.drained = n > 0 && n < buf.len();
+        self.drained = !self.read_closed && n > 0 && n < buf.len();
         Ok(n)
     }
 }
@@ -257,6 +293,22 @@ mod tests {
     }
 
     #[test]
+    fn after_the_fin_was_reported_a_short_read_does_not_hide_the_eof() {
+        let (mut wire, mut client) = pair();
+        client.write_all(b"last frame").expect("write");
+        client
+            .shutdown(std::net::Shutdown::Write)
+            .expect("shutdown");
+        // Wait until both the bytes and the FIN are queued, as when one event reports both.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        wire.start_read_turn();
+        wire.mark_read_closed();
+        let mut buf = [0u8; 64];
+        assert_eq!(read_some(&mut wire, &mut buf), 10);
+        assert_eq!(wire.read(&mut buf).expect("eof, not WouldBlock"), 0);
+    }
+
+    #[test]
     fn close_frames_carry_code_and_a_cut_reason() {
         let (mut wire, mut client) = pair();
         wire.push_close(1003, "JSON text frames required");
@@ -290,6 +342,32 @@ mod tests {
         let mut buf = vec![0u8; total as usize];
         client.read_exact(&mut buf).expect("read");
         assert!(buf.ends_with(&[0x8A, 0, 0x81, 7, b'{', b'"', b'b', b'"', b':', b'2', b'}']));
+    }
+
+    #[test]
+    fn own_bytes_exclude_core_frames_even_when_one_is_half_written() {
+        let (mut wire, client) = pair();
+        wire.push_raw(b"HTTP/1.1 101 Switching Protocols\r\n\r\n");
+        let head = wire.pending_bytes();
+        let payload = vec![b'x'; 1 << 20];
+        for _ in 0..16 {
+            wire.push_text(&payload);
+        }
+        wire.push_answer(&Step::Ping(b"p"));
+        // 16 MiB of core frames and 3 bytes of pong ride behind the head.
+        assert_eq!(wire.own_pending_bytes(), head + 3);
+        assert!(
+            !wire.send().expect("send"),
+            "16 MiB cannot fit in socket buffers"
+        );
+        wire.settle();
+        assert!(wire.sent > head, "some of the first frame went out");
+        assert_eq!(
+            wire.own_pending_bytes(),
+            3,
+            "the head went out, the pong did not"
+        );
+        drop(client);
     }
 
     #[test]

@@ -1,0 +1,253 @@
+//! Edges of the production driver's socket handling, against the real `axhost serve`: a last
+//! frame that arrives with the peer's FIN, a reply larger than the driver's own byte cap, a
+//! frame that announces far more than it sends, a frame that arrives in pieces, and sockets
+//! that never send a request head.
+//!
+//! Every test starts its own host process on a free port, so they run in parallel.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+const ROOT: &str = "ahp-root://";
+
+/// Reads `observer` until a `serviceRemoved` for `service` arrives; false after `timeout`.
+fn removal_seen(observer: &mut Ws, service: &str, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match observer.next(deadline.saturating_duration_since(Instant::now())) {
+            Incoming::Json(v) => {
+                let action = &v["params"]["action"];
+                if action["type"] == "x-clientServices/serviceRemoved"
+                    && action["serviceId"] == service
+                {
+                    return true;
+                }
+            }
+            Incoming::Timeout => return false,
+            Incoming::Closed(c) => panic!("observer closed: {c:?}"),
+        }
+    }
+}
+
+/// A peer whose last frame and FIN arrive in one readiness event must still be noticed as
+/// gone at once, not after keepalive (here off) gives up on it. Several rounds, because
+/// whether the FIN is already queued when the host wakes is up to the scheduler.
+#[test]
+fn a_last_frame_that_arrives_with_the_fin_still_ends_the_connection() {
+    let host = HostProcess::builder().config("keepalive_ms = 0\n").start();
+    let (mut observer, _) = host.ws_init("observer", &[CATALOG]);
+    for round in 0..12 {
+        let (mut peer, _) = host.ws_init(&format!("peer-{round}"), &[]);
+        let service = peer.register_service(json!({"kind": "eof-test"}), None);
+        let added = observer.recv();
+        assert_eq!(
+            added["params"]["action"]["type"], "x-clientServices/serviceAdded",
+            "{added}"
+        );
+        peer.send_text_then_fin(
+            r#"{"jsonrpc":"2.0","id":99,"method":"ping","params":{"channel":"ahp-root://"}}"#,
+        );
+        assert!(
+            removal_seen(&mut observer, &service, Duration::from_secs(3)),
+            "round {round}: the host kept a connection whose peer sent FIN with its last \
+             frame\nstderr: {}",
+            host.stderr()
+        );
+        // The host answered the frame that came with the FIN before it let go.
+        assert_eq!(peer.recv()["id"], 99);
+    }
+}
+
+/// A reply may exceed `queue_bytes_hard` (an initialize snapshot here); a reader that keeps
+/// up gets it whole, however far it is above what the driver buffers for its own frames.
+#[test]
+fn a_reply_far_larger_than_the_queue_limit_reaches_a_reader_that_keeps_up() {
+    const HARD: usize = 100_000;
+    const SESSIONS: usize = 120;
+    const TEXT_BYTES: usize = 60_000;
+    let host = HostProcess::builder()
+        .config(&format!(
+            "[limits]\nqueue_bytes_hard = {HARD}\nqueue_bytes_soft = {}\n",
+            HARD / 2
+        ))
+        .start();
+    let (mut writer, _) = host.ws_init("writer", &[]);
+    let text = "z".repeat(TEXT_BYTES);
+    let mut chats = Vec::new();
+    for i in 0..SESSIONS {
+        let r = writer.ok(
+            "createSession",
+            json!({"channel": format!("ahp-session:/big{i}")}),
+        );
+        assert_eq!(r, Value::Null);
+        let chat = format!("ahp-chat:/big{i}");
+        writer.dispatch(&chat, 1, turn_started("t1", &text));
+        chats.push(chat);
+    }
+    // Messages are handled in order: once this answers, every dispatch was.
+    assert_eq!(writer.ok("ping", json!({"channel": ROOT})), Value::Null);
+
+    let subs: Vec<&str> = chats.iter().map(String::as_str).collect();
+    let mut reader = host.ws();
+    let id = reader.send_request(
+        "initialize",
+        json!({"channel": ROOT, "protocolVersions": ["0.9.0"], "clientId": "reader",
+               "initialSubscriptions": subs}),
+    );
+    let started = Instant::now();
+    let reply = reader.response(id);
+    let bytes = reply.to_string().len();
+    let snapshots = reply["result"]["snapshots"]
+        .as_array()
+        .unwrap_or_else(|| panic!("initialize failed: {}", &reply.to_string()[..200]));
+    assert_eq!(snapshots.len(), SESSIONS);
+    // The old driver cap was 2 x queue_bytes_hard + 1 MiB.
+    assert!(
+        bytes > 4 * (2 * HARD + (1 << 20)),
+        "reply only {bytes} bytes"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // And the connection is still fine.
+    assert_eq!(reader.ok("ping", json!({"channel": ROOT})), Value::Null);
+}
+
+/// The driver still bounds what it queues on its own: a peer that sends pings and never reads
+/// the pongs is closed (and the host says so at warn level).
+#[test]
+fn a_peer_that_never_reads_its_pongs_is_closed() {
+    let host = HostProcess::builder()
+        .config("keepalive_ms = 0\n")
+        .env("RUST_LOG", "warn")
+        .start();
+    let mut ws = host.ws();
+    let ping = client_frame(true, 0x9, &[b'p'; 125]);
+    let batch: Vec<u8> = ping
+        .iter()
+        .copied()
+        .cycle()
+        .take(ping.len() * 1000)
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // Far more pongs than socket buffers and the driver's own cap hold together.
+    while !host.stderr().contains("control frames") {
+        assert!(
+            Instant::now() < deadline,
+            "still not closed\nstderr: {}",
+            host.stderr()
+        );
+        ws.write_raw(&batch);
+    }
+    // Nothing was written to the log but ids and counts.
+    assert!(!host.stderr().contains("ppp"), "{}", host.stderr());
+}
+
+/// Resident memory of a process in KiB, from /proc.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// A frame header that announces 16 MiB commits no more memory than the bytes that came.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_announced_frame_does_not_reserve_its_length() {
+    const PEERS: usize = 12;
+    let host = HostProcess::builder()
+        .config("keepalive_ms = 0\n[limits]\nframe_bytes_max = 16777216\n")
+        .start();
+    let pid = host.pid().expect("pid");
+    // Warm up: one ordinary connection, so allocator arenas exist before the baseline.
+    let (mut warm, _) = host.ws_init("warm", &[]);
+    assert_eq!(warm.ok("ping", json!({"channel": ROOT})), Value::Null);
+    let before = rss_kib(pid);
+    let mut peers = Vec::new();
+    for _ in 0..PEERS {
+        let mut ws = host.ws();
+        // A 16 MiB text frame: its header, then 100 bytes, then nothing.
+        let mut header = vec![0x81, 0x80 | 127];
+        header.extend_from_slice(&(16u64 << 20).to_be_bytes());
+        header.extend_from_slice(&[1, 2, 3, 4]);
+        header.extend_from_slice(&[b'x'; 100]);
+        ws.write_raw(&header);
+        peers.push(ws);
+    }
+    // The host is single-threaded: once it answers this, it has read every header.
+    assert_eq!(warm.ok("ping", json!({"channel": ROOT})), Value::Null);
+    let grown_mib = rss_kib(pid).saturating_sub(before) / 1024;
+    assert!(
+        grown_mib < 32,
+        "{PEERS} stalled 16 MiB headers grew the host by {grown_mib} MiB"
+    );
+}
+
+/// A frame larger than the read buffer that trickles in, in pieces, is read whole.
+#[test]
+fn a_frame_that_arrives_in_pieces_is_read_whole() {
+    let host = HostProcess::start();
+    let mut ws = host.ws();
+    let pad = "p".repeat(50_000);
+    let text = json!({"jsonrpc": "2.0", "id": 7, "method": "ping",
+                      "params": {"channel": ROOT, "pad": pad}})
+    .to_string();
+    let frame = client_frame(true, 0x1, text.as_bytes());
+    for piece in frame.chunks(997) {
+        ws.write_raw(piece);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let r = ws.recv();
+    assert_eq!(r["id"], 7, "{r}");
+    assert_eq!(r["result"], Value::Null, "{r}");
+    // The next frame after it is read as usual.
+    assert_eq!(ws.ok("ping", json!({"channel": ROOT})), Value::Null);
+}
+
+/// Sockets that connect and never send a request head cannot lock real clients out: past the
+/// cap on such sockets the oldest is dropped to make room.
+#[test]
+fn idle_sockets_without_a_request_head_do_not_lock_clients_out() {
+    const IDLE: usize = 1_100;
+    let host = HostProcess::builder()
+        .config("[limits]\nconnections_max = 4\nhandshake_timeout_ms = 60000\n")
+        .start();
+    let mut idle = Vec::new();
+    for _ in 0..IDLE {
+        let s = TcpStream::connect(("127.0.0.1", host.port)).expect("connect");
+        idle.push(s);
+    }
+    // Let the host accept every one of them before the real client comes.
+    let (status, _) = host.http("GET", "/healthz");
+    assert_eq!(status, 200);
+    let (mut ws, _) = host.ws_init("real", &[]);
+    assert_eq!(ws.ok("ping", json!({"channel": ROOT})), Value::Null);
+    // The oldest idle sockets were the ones let go: the host closed them.
+    let mut first = idle.remove(0);
+    first
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut buf = [0u8; 16];
+    let n = first.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the oldest idle socket should have been closed");
+    // The newest is still served when it finally speaks.
+    let mut last = idle.pop().expect("newest");
+    last.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("write");
+    last.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut got = Vec::new();
+    let _ = last.read_to_end(&mut got);
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+}
