@@ -20,8 +20,8 @@
 //! (`sched_rt_runtime_us`), which would read as a pause.
 //!
 //! A vCPU can also run slowly without stopping: on the same VM a plain loop alone on one CPU ran
-//! at a tenth to a third of its usual speed for ~100 ms at a time, every second or two, with no
-//! gap between two clock reads over 50 µs to show for it. So each tick (and each turn of the
+//! at a tenth to two thirds of its usual speed for ~100 ms at a time, every second or two, with
+//! hardly a gap over 500 µs between two clock reads to show for it (0-2 in 6 s). So each tick (and each turn of the
 //! spinning loop) also times a fixed unit of work, about 5 µs at full speed, and counts the
 //! units that took more than twice the run's median: the CPU ran at under half speed then.
 //!
