@@ -452,19 +452,6 @@ impl<S: Store> Host<S> {
         method: &str,
         params: Option<&RawValue>,
     ) {
-        if method == "clientService/request" && id.len() > REQUEST_ID_BYTES_MAX {
-            // A relayed request's id is kept until the request ends, so its length is bounded.
-            // An id too long to keep is not echoed either: JSON-RPC answers a request whose id
-            // cannot be taken with `id: null`, as the host does for ids it cannot read.
-            let e = RpcError::new(
-                INVALID_REQUEST,
-                format!(
-                    "Invalid JSON-RPC request: a clientService/request id may be at most \
-                     {REQUEST_ID_BYTES_MAX} bytes"
-                ),
-            );
-            return self.reply_error(conn, "null", &e);
-        }
         let ready = self
             .conns
             .get(conn)
@@ -473,6 +460,19 @@ impl<S: Store> Host<S> {
             "ping" => Ok("null".to_owned()),
             "initialize" => self.initialize(conn, params),
             "reconnect" => self.reconnect(conn, first, params),
+            "clientService/request" if id.len() > REQUEST_ID_BYTES_MAX => {
+                // A relayed request's id is kept until the request ends, so its length is
+                // bounded. An id too long to keep is not echoed either: JSON-RPC answers a
+                // request whose id cannot be taken with `id: null`, as for ids it cannot read.
+                let e = RpcError::new(
+                    INVALID_REQUEST,
+                    format!(
+                        "Invalid JSON-RPC request: a clientService/request id may be at most \
+                         {REQUEST_ID_BYTES_MAX} bytes"
+                    ),
+                );
+                return self.reply_error(conn, "null", &e);
+            }
             _ if !ready => Err(RpcError::new(
                 PERMISSION_DENIED,
                 "Initialize before using sessions",

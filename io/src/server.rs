@@ -842,7 +842,10 @@ impl<S: Store> Driver<S> {
                     break;
                 }
                 Step::Eof => {
-                    stop = Stop::Eof;
+                    // RFC 6455 7.1.5: a connection closed without a close frame is code 1006.
+                    // The peer may still read (half-close), so it is closed like one that sent a
+                    // close frame: replies to its last frames drain, bounded by the linger.
+                    stop = Stop::PeerClosed(1006);
                     break;
                 }
                 Step::Error(_) => {
@@ -869,12 +872,6 @@ impl<S: Store> Driver<S> {
             Stop::Close(code, reason) => self.close(id, code, reason, now),
             Stop::PeerClosed(code) => {
                 tracing::info!(conn = id, code, "peer closed");
-                self.close_with(id, None, now);
-            }
-            Stop::Eof => {
-                // Half-closed: the peer may still read. Replies to its last frames are already
-                // buffered, so let them drain (bounded by the linger) rather than drop them.
-                tracing::info!(conn = id, "peer sent EOF without a close frame");
                 self.close_with(id, None, now);
             }
             Stop::Gone(why) => self.drop_slot(id, why, now),
@@ -1098,10 +1095,8 @@ enum Stop {
     Budget,
     /// We close it with this code and reason.
     Close(u16, &'static str),
-    /// The peer sent a close frame with this code (1005: none).
+    /// The peer sent a close frame with this code (1005: none), or only its EOF (1006).
     PeerClosed(u16),
-    /// The peer's EOF without a close frame.
-    Eof,
     /// It is gone without a close handshake.
     Gone(&'static str),
 }
