@@ -216,8 +216,10 @@ fn a_frame_that_arrives_in_pieces_is_read_whole() {
 #[test]
 fn idle_sockets_without_a_request_head_do_not_lock_clients_out() {
     const IDLE: usize = 1_100;
+    let started = Instant::now();
     let host = HostProcess::builder()
         .config("[limits]\nconnections_max = 4\nhandshake_timeout_ms = 60000\n")
+        .env("RUST_LOG", "warn")
         .start();
     let mut idle = Vec::new();
     for _ in 0..IDLE {
@@ -249,5 +251,13 @@ fn idle_sockets_without_a_request_head_do_not_lock_clients_out() {
         got.starts_with(b"HTTP/1.1 200"),
         "{}",
         String::from_utf8_lossy(&got)
+    );
+    // Hundreds of evictions, but the warning about them comes at most once a second.
+    let warnings = host.stderr().matches("oldest dropped").count();
+    let seconds = started.elapsed().as_secs() as usize + 1;
+    assert!(
+        (1..=seconds).contains(&warnings),
+        "{warnings} eviction warnings in {seconds} s\nstderr: {}",
+        host.stderr()
     );
 }
