@@ -355,13 +355,14 @@ impl<S: Store> Host<S> {
             return Err(e);
         }
         let last = self
-            .clients
+            .bindings
             .get(&origin.client_id)
             .map_or(0, |c| c.last_client_seq);
         let client = ClientRecord {
             client_id: origin.client_id.clone(),
             owner: owner.to_owned(),
             last_client_seq: last.max(p.client_seq),
+            dispatched: true,
         };
         let receipt = Receipt {
             owner: owner.to_owned(),
@@ -548,13 +549,14 @@ impl<S: Store> Host<S> {
             events,
             receipt,
             clients,
+            clients_released: Vec::new(),
         };
         if let Err(e) = self.commit(&change) {
             self.abort_tx(tx);
             return Err(e);
         }
         for c in change.clients {
-            self.clients.insert(c.client_id.clone(), c);
+            self.bindings.insert(c);
         }
         let id = tx.entry.id.clone();
         self.sessions.insert(id.clone(), tx.entry);

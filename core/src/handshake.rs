@@ -5,6 +5,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use crate::binding::AllInUse;
 use crate::channel;
 use crate::connection::{ConnId, Phase};
 use crate::error::{RpcError, UNSUPPORTED_PROTOCOL_VERSION};
@@ -111,7 +112,7 @@ impl<S: Store> Host<S> {
             }
         }
         let last_client_seq = self
-            .clients
+            .bindings
             .get(&p.client_id)
             .map_or(0, |c| c.last_client_seq);
         let result = json!({
@@ -210,31 +211,48 @@ impl<S: Store> Host<S> {
         Ok(result)
     }
 
-    /// Binds `client_id` to `principal` on first use; another principal's id is refused.
+    /// Binds `client_id` to `principal` on first use; another principal's id is refused. A new
+    /// binding may release the principal's least recently used idle ones (`crate::binding`),
+    /// in the same commit.
     fn bind_client(&mut self, principal: &Principal, client_id: &str) -> Result<(), RpcError> {
         if !channel::valid_id(client_id) {
             return Err(RpcError::invalid_params(
                 "clientId must match ^[a-zA-Z0-9][a-zA-Z0-9._-]{0,127}$",
             ));
         }
-        match self.clients.get(client_id) {
+        match self.bindings.get(client_id) {
             Some(c) if c.owner == principal.id => Ok(()),
             Some(_) => Err(RpcError::forbidden(
                 "Client identity belongs to another principal",
             )),
             None => {
+                let quota = self.config.limits.idle_client_ids_per_principal;
+                let released = self
+                    .bindings
+                    .to_release(&principal.id, quota)
+                    .map_err(|AllInUse| {
+                        RpcError::limit(format!(
+                            "This principal's {quota} clientIds that never dispatched are all in use"
+                        ))
+                    })?;
                 let record = ClientRecord {
                     client_id: client_id.to_owned(),
                     owner: principal.id.clone(),
                     last_client_seq: 0,
+                    dispatched: false,
                 };
                 let change = Change {
                     server_seq: self.seq.mark_after(self.seq.current()),
                     clients: vec![record.clone()],
+                    clients_released: released,
                     ..Change::default()
                 };
                 self.commit(&change)?;
-                self.clients.insert(client_id.to_owned(), record);
+                for id in &change.clients_released {
+                    self.bindings.release(id);
+                }
+                self.stats.client_ids_released += change.clients_released.len() as u64;
+                self.bindings.insert(record);
                 Ok(())
             }
         }
@@ -242,6 +260,7 @@ impl<S: Store> Host<S> {
 
     fn become_ready(&mut self, conn: ConnId, client_id: &str) {
         self.timers.disarm(Timer::Handshake(conn));
+        self.bindings.attach(client_id);
         if let Some(c) = self.conns.get_mut(conn) {
             c.phase = Phase::Ready {
                 client_id: client_id.to_owned(),

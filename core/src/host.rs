@@ -10,8 +10,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use crate::binding::ClientBindings;
 use crate::channel::{self, ChannelRef, ROOT};
-use crate::connection::{ConnId, Connections, Enqueued, FrameClass, Phase};
+use crate::connection::{ConnId, Connection, Connections, Enqueued, FrameClass, Phase};
 use crate::dispatch::RecentDispatches;
 use crate::error::{RpcError, INVALID_REQUEST, LIMIT, METHOD_NOT_FOUND, PERMISSION_DENIED};
 use crate::limits::{Limits, LimitsError, REQUEST_ID_BYTES_MAX};
@@ -135,6 +136,9 @@ pub struct Stats {
     pub requests_cancelled: u64,
     /// Responses that matched no request sent to that connection (late, duplicate, foreign).
     pub responses_dropped: u64,
+    /// Idle clientId bindings released to keep a principal within
+    /// `Limits::idle_client_ids_per_principal`.
+    pub client_ids_released: u64,
 }
 
 /// Supported AHP protocol range: `>=0.9.0 <0.10.0`.
@@ -153,7 +157,7 @@ pub struct Host<S: Store> {
     pub(crate) timers: Timers,
     pub(crate) seq: Sequencer,
     pub(crate) sessions: BTreeMap<String, SessionEntry>,
-    pub(crate) clients: BTreeMap<String, ClientRecord>,
+    pub(crate) bindings: ClientBindings,
     /// Dispatch receipts committed lately, so a retry is known without a store read.
     pub(crate) recent_dispatches: RecentDispatches,
     pub(crate) root_state: Value,
@@ -187,11 +191,7 @@ impl<S: Store> Host<S> {
             .max()
             .unwrap_or(0);
         let services = Services::new(&config.trust_groups);
-        let clients = loaded
-            .clients
-            .into_iter()
-            .map(|c| (c.client_id.clone(), c))
-            .collect();
+        let bindings = ClientBindings::load(loaded.clients);
         Ok(Host {
             seq: Sequencer::new(
                 loaded.server_seq,
@@ -205,7 +205,7 @@ impl<S: Store> Host<S> {
             outbox: Outbox::default(),
             timers: Timers::default(),
             sessions,
-            clients,
+            bindings,
             recent_dispatches: RecentDispatches::default(),
             root_state: session::root_state(),
             services,
@@ -229,7 +229,13 @@ impl<S: Store> Host<S> {
             Input::Flushed { conn, bytes } => self.conns.flushed(conn, bytes),
             Input::Closed { conn } => {
                 self.timers.disarm(Timer::Handshake(conn));
-                self.conns.remove(conn);
+                if let Some(Connection {
+                    phase: Phase::Ready { client_id },
+                    ..
+                }) = self.conns.remove(conn)
+                {
+                    self.bindings.detach(&client_id);
+                }
                 self.forget(conn);
             }
         }
@@ -344,6 +350,17 @@ impl<S: Store> Host<S> {
             ChannelRef::Catalog => Some(self.services.catalog_for(viewer)),
             _ => self.channel_state(uri),
         }
+    }
+
+    /// (A) Every clientId binding, in clientId order: what the store holds, once every commit
+    /// succeeded.
+    pub fn client_bindings(&self) -> impl Iterator<Item = &ClientRecord> + '_ {
+        self.bindings.records()
+    }
+
+    /// (A) How many clientIds that never dispatched `owner` keeps bound.
+    pub fn idle_client_ids(&self, owner: &str) -> usize {
+        self.bindings.idle_count(owner)
     }
 
     /// (A) Registered client services.

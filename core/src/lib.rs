@@ -59,6 +59,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod binding;
 mod channel;
 mod connection;
 mod dispatch;

@@ -49,6 +49,10 @@ pub struct Limits {
     pub relay_timeout_ms: u64,
     /// Longest request timeout a caller may ask for.
     pub relay_timeout_ms_max: u64,
+    /// ClientIds that never dispatched an action one principal keeps bound; binding one more
+    /// releases its least recently used one that no connection uses (`-32043` when all are in
+    /// use). Above `connections_max` by default, so that never happens unless configured.
+    pub idle_client_ids_per_principal: u32,
 }
 
 /// Defaults, named so tests and docs can cite them.
@@ -68,6 +72,8 @@ pub const DEFAULT_REPLAY_EVENTS_MAX: u32 = 4096;
 
 /// See [`Limits::queue_bytes_soft`].
 pub const DEFAULT_QUEUE_BYTES_SOFT: u64 = 1024 * 1024;
+/// See [`Limits::idle_client_ids_per_principal`]: twice the default `connections_max`.
+pub const DEFAULT_IDLE_CLIENT_IDS_PER_PRINCIPAL: u32 = 4096;
 /// See [`Limits::service_payload_bytes_max`].
 pub const DEFAULT_SERVICE_PAYLOAD_BYTES_MAX: u32 = 1024 * 1024;
 /// Envelope room around a client-service payload (ids, method, metadata of the message).
@@ -105,6 +111,7 @@ const _: () = assert!(ACTION_DEPTH_MAX + ACTION_WRAPPING_DEPTH_MAX <= JSON_DEPTH
 const _: () = assert!(SERVICE_METADATA_DEPTH_MAX + 5 <= JSON_DEPTH_READABLE_MAX);
 
 const _: () = assert!(DEFAULT_MESSAGE_BYTES_MAX <= DEFAULT_FRAME_BYTES_MAX);
+const _: () = assert!(DEFAULT_IDLE_CLIENT_IDS_PER_PRINCIPAL > DEFAULT_CONNECTIONS_MAX);
 const _: () = assert!(DEFAULT_QUEUE_BYTES_SOFT < DEFAULT_QUEUE_BYTES_HARD);
 const _: () =
     assert!(DEFAULT_SERVICE_PAYLOAD_BYTES_MAX + SERVICE_ENVELOPE_BYTES <= DEFAULT_FRAME_BYTES_MAX);
@@ -132,6 +139,7 @@ impl Default for Limits {
             relays_per_service_max: 1024,
             relay_timeout_ms: 30_000,
             relay_timeout_ms_max: 300_000,
+            idle_client_ids_per_principal: DEFAULT_IDLE_CLIENT_IDS_PER_PRINCIPAL,
         }
     }
 }
@@ -188,6 +196,11 @@ impl Limits {
         if self.relay_timeout_ms == 0 || self.relay_timeout_ms > self.relay_timeout_ms_max {
             return Err(LimitsError(
                 "relay_timeout_ms must be positive and at most relay_timeout_ms_max",
+            ));
+        }
+        if self.idle_client_ids_per_principal == 0 {
+            return Err(LimitsError(
+                "idle_client_ids_per_principal must be at least 1",
             ));
         }
         if self.service_method_bytes_max == 0 || self.services_per_conn_max == 0 {

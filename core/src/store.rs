@@ -50,6 +50,10 @@ pub struct ClientRecord {
     pub owner: String,
     /// Highest `clientSeq` with a stored dispatch receipt (0 when none).
     pub last_client_seq: u64,
+    /// Whether this clientId ever dispatched an action (it may have used `clientSeq` 0, so
+    /// `last_client_seq` cannot tell). A binding that never did holds no durable state and may
+    /// be released (`core/src/binding.rs`).
+    pub dispatched: bool,
 }
 
 /// Everything one change writes, atomically.
@@ -65,6 +69,8 @@ pub struct Change {
     pub receipt: Option<Receipt>,
     /// ClientId bindings created or updated.
     pub clients: Vec<ClientRecord>,
+    /// ClientId bindings deleted (idle ones a principal no longer keeps).
+    pub clients_released: Vec<String>,
 }
 
 impl Change {
@@ -74,6 +80,7 @@ impl Change {
             && self.events.is_empty()
             && self.receipt.is_none()
             && self.clients.is_empty()
+            && self.clients_released.is_empty()
     }
 }
 
@@ -185,6 +192,11 @@ impl MemStore {
         self.receipt_reads
     }
 
+    /// Every clientId binding stored, in clientId order.
+    pub fn client_records(&self) -> impl Iterator<Item = &ClientRecord> + '_ {
+        self.clients.values()
+    }
+
     /// Every event committed, oldest first.
     pub fn events(&self) -> &[Event] {
         &self.events
@@ -252,6 +264,9 @@ impl Store for MemStore {
             self.receipts
                 .insert((r.owner.clone(), r.key.clone()), r.clone());
         }
+        for id in &change.clients_released {
+            self.clients.remove(id);
+        }
         for c in &change.clients {
             self.clients.insert(c.client_id.clone(), c.clone());
         }
@@ -308,6 +323,7 @@ mod tests {
             }],
             receipt: None,
             clients: vec![],
+            clients_released: vec![],
         }
     }
 

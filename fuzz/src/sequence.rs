@@ -29,7 +29,7 @@ use arbitrary::{Arbitrary, Unstructured};
 
 use axhost_core::{
     ConnId, Host, HostConfig, Input, Instant, Limits, MemStore, Now, Output, Principal, Role,
-    SessionScope, CATALOG, ROOT,
+    SessionScope, Store, CATALOG, ROOT,
 };
 use serde_json::{json, Value};
 
@@ -360,6 +360,7 @@ pub fn tight_limits() -> Limits {
         relays_per_service_max: 3,
         relay_timeout_ms: 500,
         relay_timeout_ms_max: 2_000,
+        idle_client_ids_per_principal: 2,
     }
 }
 
@@ -961,6 +962,23 @@ impl World {
             "relays outlived their callers"
         );
         assert!(self.host.poll_output().is_none());
+        self.check_bindings();
+    }
+
+    /// The clientId bindings in memory are the ones the store holds, and no principal keeps
+    /// more idle ones than its quota.
+    fn check_bindings(&self) {
+        let held: Vec<_> = self.host.client_bindings().cloned().collect();
+        let stored = Store::load(&mut self.host.store().clone(), 0).map(|l| l.clients);
+        assert_eq!(Ok(held), stored, "bindings in memory differ from the store");
+        for i in 0..PRINCIPALS {
+            let id = principal(i).id;
+            assert!(
+                self.host.idle_client_ids(&id)
+                    <= self.config.limits.idle_client_ids_per_principal as usize,
+                "{id} keeps more idle clientIds than its quota"
+            );
+        }
     }
 }
 

@@ -475,6 +475,7 @@ raw_limits! {
     relays_per_service_max: u32,
     relay_timeout_ms: u64,
     relay_timeout_ms_max: u64,
+    idle_client_ids_per_principal: u32,
 }
 
 impl RawLimits {

@@ -12,14 +12,17 @@
 //! host fails at once with [`OpenError::Locked`]; the operating system drops it when the process
 //! dies, so a crash never leaves a stale lock behind (unlike a pid file).
 //!
-//! ## Schema (version 1, in `PRAGMA user_version`)
+//! ## Schema (version 2, in `PRAGMA user_version`)
 //! - `meta(key, value)`: `server_seq` as decimal text.
 //! - `records(key, value)`: channel state and host bookkeeping as JSON text.
 //! - `events(seq, channel, envelope)`: committed envelopes; index on `(channel, seq)`.
 //! - `receipts(owner, key, fingerprint, result)`: retry receipts, keyed per principal.
-//! - `clients(id, owner, last_client_seq)`: clientId bindings.
+//! - `clients(id, owner, last_client_seq, dispatched)`: clientId bindings; idle ones (never
+//!   dispatched) are deleted when their principal keeps too many.
 //!
-//! A database with a newer schema version is refused rather than guessed at.
+//! Version 1 lacked `clients.dispatched`; opening such a file adds the column and sets it from
+//! `last_client_seq` and the dispatch receipts, in the schema transaction. A database with a
+//! newer schema version is refused rather than guessed at.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -34,7 +37,7 @@ use axhost_core::{Change, ClientRecord, Event, Loaded, Receipt, Store, StoreErro
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
 /// The schema this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long a statement waits for a lock held by another connection. Only this process writes
 /// (the owner lock guarantees it), so waiting at all means an external reader such as a backup.
@@ -49,7 +52,17 @@ CREATE TABLE IF NOT EXISTS records(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_channel ON events(channel, seq);
 CREATE TABLE IF NOT EXISTS receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
-CREATE TABLE IF NOT EXISTS clients(id TEXT PRIMARY KEY, owner TEXT NOT NULL, last_client_seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS clients(id TEXT PRIMARY KEY, owner TEXT NOT NULL, last_client_seq INTEGER NOT NULL, dispatched INTEGER NOT NULL DEFAULT 0);
+";
+
+/// Version 1 to 2: a binding dispatched if it has a dispatch receipt (`dispatch:<id>:<seq>`, under
+/// its owner); `last_client_seq > 0` implies one, and a `clientSeq` of 0 leaves only the receipt.
+const MIGRATE_1_TO_2: &str = "
+ALTER TABLE clients ADD COLUMN dispatched INTEGER NOT NULL DEFAULT 0;
+UPDATE clients SET dispatched = 1 WHERE last_client_seq > 0 OR EXISTS (
+    SELECT 1 FROM receipts r
+    WHERE r.owner = clients.owner AND substr(r.key, 1, length(clients.id) + 10) = 'dispatch:' || clients.id || ':'
+);
 ";
 
 /// Why [`SqliteStore::open`] failed. Every message names the file.
@@ -262,17 +275,27 @@ impl SqliteStore {
             stmt.execute(params![r.owner, r.key, r.fingerprint, r.result])
                 .map_err(sql("writing a receipt"))?;
         }
+        if !change.clients_released.is_empty() {
+            let mut stmt = tx
+                .prepare_cached("DELETE FROM clients WHERE id = ?1")
+                .map_err(sql("preparing client release"))?;
+            for id in &change.clients_released {
+                stmt.execute(params![id])
+                    .map_err(sql("releasing a client binding"))?;
+            }
+        }
         if !change.clients.is_empty() {
             let mut stmt = tx
                 .prepare_cached(
-                    "INSERT INTO clients(id, owner, last_client_seq) VALUES (?1, ?2, ?3) \
-                     ON CONFLICT(id) DO UPDATE SET \
-                     owner = excluded.owner, last_client_seq = excluded.last_client_seq",
+                    "INSERT INTO clients(id, owner, last_client_seq, dispatched) \
+                     VALUES (?1, ?2, ?3, ?4) \
+                     ON CONFLICT(id) DO UPDATE SET owner = excluded.owner, \
+                     last_client_seq = excluded.last_client_seq, dispatched = excluded.dispatched",
                 )
                 .map_err(sql("preparing client write"))?;
             for c in &change.clients {
                 let last = to_i64(c.last_client_seq, "last_client_seq")?;
-                stmt.execute(params![c.client_id, c.owner, last])
+                stmt.execute(params![c.client_id, c.owner, last, c.dispatched])
                     .map_err(sql("writing a client binding"))?;
             }
         }
@@ -374,7 +397,9 @@ impl Store for SqliteStore {
         }
         let clients = {
             let mut stmt = tx
-                .prepare_cached("SELECT id, owner, last_client_seq FROM clients ORDER BY id")
+                .prepare_cached(
+                    "SELECT id, owner, last_client_seq, dispatched FROM clients ORDER BY id",
+                )
                 .map_err(sql("preparing the clients query"))?;
             let rows = stmt
                 .query_map([], |row| {
@@ -382,17 +407,19 @@ impl Store for SqliteStore {
                         row.get::<_, String>(0)?,
                         row.get::<_, String>(1)?,
                         row.get::<_, i64>(2)?,
+                        row.get::<_, bool>(3)?,
                     ))
                 })
                 .map_err(sql("reading clients"))?;
             let mut clients = Vec::new();
             for row in rows {
-                let (client_id, owner, last) = row.map_err(sql("reading clients"))?;
+                let (client_id, owner, last, dispatched) = row.map_err(sql("reading clients"))?;
                 let last_client_seq = from_i64(last, "last_client_seq")?;
                 clients.push(ClientRecord {
                     client_id,
                     owner,
                     last_client_seq,
+                    dispatched,
                 });
             }
             clients
@@ -640,6 +667,10 @@ fn open_database(path: &Path) -> Result<Connection, OpenError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(fail("starting schema setup"))?;
+    if version == 1 {
+        tx.execute_batch(MIGRATE_1_TO_2)
+            .map_err(fail("migrating the schema from version 1"))?;
+    }
     tx.execute_batch(SCHEMA_SQL)
         .map_err(fail("creating the schema"))?;
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -675,6 +706,7 @@ mod tests {
             client_id: id.into(),
             owner: owner.into(),
             last_client_seq: last,
+            dispatched: last > 0,
         }
     }
 
@@ -694,6 +726,7 @@ mod tests {
                 events: vec![event(1, "ahp-root://"), event(2, "ahp-session:/s1")],
                 receipt: Some(receipt("alice", "dispatch:c1:1", "null")),
                 clients: vec![client("c1", "alice", 1)],
+                clients_released: vec![],
             })
             .expect("first commit");
         store
@@ -703,6 +736,7 @@ mod tests {
                 events: vec![event(3, "ahp-session:/s1")],
                 receipt: Some(receipt("alice", "dispatch:c1:2", "{\"ok\":true}")),
                 clients: vec![client("c1", "alice", 2), client("c2", "bob", 0)],
+                clients_released: vec![],
             })
             .expect("second commit");
     }
@@ -908,7 +942,79 @@ mod tests {
         assert_eq!(q("synchronous"), "Integer(2)");
         assert_eq!(q("foreign_keys"), "Integer(1)");
         assert_eq!(q("busy_timeout"), "Integer(5000)");
-        assert_eq!(q("user_version"), "Integer(1)");
+        assert_eq!(q("user_version"), "Integer(2)");
+    }
+
+    #[test]
+    fn released_bindings_are_deleted_in_the_same_transaction() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db");
+        let mut store = SqliteStore::open(&path).expect("open");
+        populate(&mut store);
+        store
+            .commit(&Change {
+                server_seq: 3,
+                clients: vec![client("c3", "bob", 0)],
+                clients_released: vec!["c2".into()],
+                ..Change::default()
+            })
+            .expect("release");
+        drop(store);
+        let mut store = SqliteStore::open(&path).expect("reopen");
+        assert_eq!(
+            store.load(10).expect("load").clients,
+            vec![client("c1", "alice", 2), client("c3", "bob", 0)]
+        );
+    }
+
+    #[test]
+    fn a_version_1_file_gains_the_dispatched_column_from_its_receipts() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db");
+        {
+            // The version 1 schema, as the previous release wrote it.
+            let conn = Connection::open(&path).expect("raw open");
+            conn.execute_batch(
+                "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
+                 CREATE TABLE records(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+                 CREATE TABLE events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
+                 CREATE TABLE receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
+                 CREATE TABLE clients(id TEXT PRIMARY KEY, owner TEXT NOT NULL, last_client_seq INTEGER NOT NULL);
+                 INSERT INTO clients VALUES ('seq', 'alice', 4), ('zero', 'alice', 0), ('idle', 'alice', 0),
+                                            ('other', 'bob', 0), ('zero2', 'bob', 0);
+                 -- 'zero' dispatched with clientSeq 0; 'other' has a receipt only under alice,
+                 -- which is not its owner; 'zero2' only a receipt for a longer id it prefixes.
+                 INSERT INTO receipts VALUES ('alice', 'dispatch:zero:0', 'f', 'null'),
+                                             ('alice', 'dispatch:other:1', 'f', 'null'),
+                                             ('bob', 'dispatch:zero22:1', 'f', 'null');
+                 PRAGMA user_version = 1;",
+            )
+            .expect("version 1 schema");
+        }
+        let mut store = SqliteStore::open(&path).expect("migrating open");
+        let dispatched: Vec<(String, bool)> = store
+            .load(10)
+            .expect("load")
+            .clients
+            .into_iter()
+            .map(|c| (c.client_id, c.dispatched))
+            .collect();
+        let expected = [
+            ("idle", false),
+            ("other", false),
+            ("seq", true),
+            ("zero", true),
+            ("zero2", false),
+        ];
+        assert_eq!(
+            dispatched,
+            expected.map(|(id, d)| (id.to_owned(), d)).to_vec()
+        );
+        let version: i64 = store
+            .conn
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .expect("version");
+        assert_eq!(version, SCHEMA_VERSION);
     }
 
     #[test]
@@ -922,6 +1028,7 @@ mod tests {
             events: vec![event(3, "ahp-root://")],
             receipt: Some(receipt("alice", "dispatch:c1:3", "null")),
             clients: vec![client("c3", "carol", 0)],
+            clients_released: vec![],
         };
         assert!(store.commit(&dup).is_err());
         assert_populated(&mut store);
@@ -952,6 +1059,7 @@ mod tests {
             events: vec![event(4, "ahp-root://"), event(5, "ahp-root://")],
             receipt: Some(receipt("alice", "dispatch:c1:3", "null")),
             clients: vec![client("c9", "boom", 0)],
+            clients_released: vec![],
         };
         let err = store.commit(&change).expect_err("injected failure");
         assert!(err.0.contains("injected"), "{err}");
@@ -1004,12 +1112,12 @@ mod tests {
         let path = dir.path().join("x.db");
         {
             let conn = Connection::open(&path).expect("raw open");
-            conn.pragma_update(None, "user_version", 2)
+            conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
                 .expect("set version");
         }
         let err = SqliteStore::open(&path).expect_err("newer schema");
         assert!(
-            matches!(err, OpenError::NewerSchema { found: 2, .. }),
+            matches!(err, OpenError::NewerSchema { found, .. } if found == SCHEMA_VERSION + 1),
             "{err:?}"
         );
         assert!(

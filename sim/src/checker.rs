@@ -22,11 +22,13 @@
 //!    their caller, with the documented code for the reason the cause carries; notifications are
 //!    forwarded at most once, only to the owner, in order, never answered; the pending table,
 //!    its deadlines and the registry equal the model. See [`crate::services`].
+//! 8. the host's clientId bindings are the store's, and no principal keeps more bindings that
+//!    never dispatched than `idle_client_ids_per_principal`; a restart keeps every one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use axhost_core::{ConnId, Host, HostConfig, Input, Output, Principal};
+use axhost_core::{ClientRecord, ConnId, Host, HostConfig, Input, Output, Principal};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
@@ -85,6 +87,7 @@ impl fmt::Debug for Digest {
 pub struct Durable {
     server_seq: u64,
     states: BTreeMap<String, Value>,
+    bindings: Vec<ClientRecord>,
 }
 
 impl Durable {
@@ -109,6 +112,7 @@ impl Durable {
         Durable {
             server_seq: host.server_seq(),
             states,
+            bindings: host.client_bindings().cloned().collect(),
         }
     }
 }
@@ -287,6 +291,7 @@ impl Checker {
     ) -> Result<(), String> {
         self.sequence(host)?;
         self.ledger(host, net)?;
+        bindings(host)?;
         if epoch != self.cache_epoch {
             self.host_cache.clear();
             self.cache_epoch = epoch;
@@ -467,6 +472,12 @@ impl Checker {
         {
             return Err(format!("restart invented {uri}"));
         }
+        if after.bindings != before.bindings {
+            return Err(format!(
+                "restart changed the clientId bindings from {:?} to {:?}",
+                before.bindings, after.bindings
+            ));
+        }
         self.host_cache.clear();
         self.cache_epoch = u64::MAX;
         self.sequence(host)
@@ -475,6 +486,30 @@ impl Checker {
 
 /// Whether `client` has received everything the host sent it: initialized, its link open and
 /// nothing in flight towards it. Only then must its replicas equal the host's states.
+/// Invariant 8, during a run.
+fn bindings(host: &Host<SimStore>) -> Result<(), String> {
+    let held = host.client_bindings();
+    let stored = host.store().mem().client_records();
+    if !held.eq(stored) {
+        return Err(format!(
+            "clientId bindings differ from the store: host {:?}, store {:?}",
+            host.client_bindings().collect::<Vec<_>>(),
+            host.store().mem().client_records().collect::<Vec<_>>()
+        ));
+    }
+    let quota = host.limits().idle_client_ids_per_principal as usize;
+    let owners: BTreeSet<&str> = host.client_bindings().map(|c| c.owner.as_str()).collect();
+    for owner in owners {
+        let idle = host.idle_client_ids(owner);
+        if idle > quota {
+            return Err(format!(
+                "{owner} keeps {idle} clientIds that never dispatched, over its quota of {quota}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn quiescent(client: &SimClient, net: &SimNet) -> bool {
     let Some(c) = &client.connection else {
         return false;

@@ -296,8 +296,11 @@ pub struct SimClient {
     pub index: usize,
     /// Who it is, from its transport credential.
     pub principal: Arc<Principal>,
-    /// Stable across all its connections, like the official runtime's.
+    /// Stable across all its connections, like the official runtime's, unless the world gives
+    /// it a fresh one per connection (`Options::fresh_client_ids`, like the AXP executor loop).
     pub client_id: String,
+    /// Fresh clientIds taken so far.
+    pub(crate) fresh_ids: u64,
     pub(crate) rng: ChaCha8Rng,
     /// The current connection, if any.
     pub connection: Option<Connection>,
@@ -360,6 +363,7 @@ impl SimClient {
             index,
             principal,
             client_id,
+            fresh_ids: 0,
             rng,
             connection: None,
             replicas: BTreeMap::new(),
@@ -506,6 +510,26 @@ impl SimClient {
     }
 
     // ─── Connection lifecycle ───────────────────────────────────────────────────────────────
+
+    /// Takes a new clientId for the next connection, as clients that pick one per connection
+    /// do. Everything numbered under the old id stays with it: the new one starts at
+    /// `clientSeq` 1, retries nothing sent before, and is unbound, so the handshake will be an
+    /// `initialize`. Echoes of the old id's actions are someone else's from now on.
+    pub fn take_fresh_client_id(&mut self) {
+        self.fresh_ids += 1;
+        let base = self
+            .client_id
+            .split('.')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        self.client_id = format!("{base}.{}", self.fresh_ids);
+        self.bound = false;
+        self.next_client_seq = 1;
+        self.last_dispatch = None;
+        self.accepted.clear();
+        self.client_seq_sent_max = 0;
+    }
 
     /// A new connection is up. Unless `silent`, the client starts its handshake at once.
     pub fn connected(&mut self, conn: ConnId, silent: bool) {

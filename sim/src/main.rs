@@ -71,7 +71,7 @@ fn print_line(r: &Report) {
     println!(
         "seed={} hash={} steps={} sim_ms={} outputs={} server_seq={} comparisons={} restarts={} host_closes={} \
          disconnects={} reconnects(replay/snapshot/refused)={}/{}/{} rejections={} accepted={} store_faults={} \
-         clock_regressions={} frame_bytes_max={} handshake_slow_closes={}",
+         clock_regressions={} frame_bytes_max={} handshake_slow_closes={} client_ids_released={}",
         r.seed,
         r.digest,
         r.steps,
@@ -91,6 +91,7 @@ fn print_line(r: &Report) {
         r.clock_regressions,
         r.counters.frame_bytes_max,
         r.counters.handshake_slow_closes,
+        r.counters.client_ids_released,
     );
     if !r.services.is_empty() {
         println!("  services: {:?}", r.services);
@@ -102,7 +103,7 @@ fn main() -> ExitCode {
         return usage();
     };
     let started = Instant::now();
-    let (mut ok, mut steps) = (0u64, 0u64);
+    let (mut ok, mut steps, mut released) = (0u64, 0u64, 0u64);
     let mut services: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failed: Vec<String> = Vec::new();
     for seed in args.seeds.clone() {
@@ -129,6 +130,7 @@ fn main() -> ExitCode {
             (Ok(r), None | Some(Ok(_))) => {
                 steps += r.steps;
                 ok += 1;
+                released += r.counters.client_ids_released;
                 for (k, v) in &r.services {
                     *services.entry(k).or_default() += v;
                 }
@@ -158,6 +160,7 @@ fn main() -> ExitCode {
         for (k, v) in &services {
             println!("  {v:>9}  {k}");
         }
+        println!("  {released:>9}  idle clientIds released");
     }
     if !failed.is_empty() {
         println!("{} seeds failed:", failed.len());

@@ -10,7 +10,7 @@
 use std::fmt;
 
 use axhost_core::Limits;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// An integer probability: `numerator` in `denominator`.
@@ -213,6 +213,10 @@ pub struct Options {
     /// Whether clients act on their own. Scripted scenario tests turn this off and drive
     /// clients explicitly.
     pub autonomous: bool,
+    /// Whether clients take a fresh clientId for every connection, as the AXP executor loop
+    /// does; with a small `limits.idle_client_ids_per_principal`, the host releases the old
+    /// bindings that never dispatched.
+    pub fresh_client_ids: bool,
 }
 
 impl Options {
@@ -304,6 +308,17 @@ impl Options {
         } else {
             clients
         };
+        // Options added later draw from their own stream, so every earlier seed keeps the rest
+        // of its profile and its run unless the new option changes what happens.
+        let mut later = ChaCha8Rng::seed_from_u64(seed ^ 0x1d1e_c11e_4715_0000);
+        let fresh_client_ids = Ratio::new(1, 3).hit(&mut later);
+        if fresh_client_ids || Ratio::new(1, 4).hit(&mut later) {
+            // A principal's clients hold one idle clientId each at most, plus one that a
+            // closing connection may still hold: a quota just above that releases bindings as
+            // fresh ids arrive and never refuses a handshake for good.
+            let per_principal = clients.div_ceil(principals.max(1));
+            limits.idle_client_ids_per_principal = per_principal + later.random_range(1..=2);
+        }
         // Principals in one trust group see (and may call) each other's services; a group may
         // name principals no client uses.
         let mut trust_groups = Vec::new();
@@ -358,6 +373,7 @@ impl Options {
             scoped: Ratio::new(rng.random_range(0..=1), 4),
             session_pool: rng.random_range(1..=5),
             autonomous: true,
+            fresh_client_ids,
         }
     }
 
@@ -405,6 +421,7 @@ impl Options {
             scoped: Ratio::NEVER,
             session_pool: 3,
             autonomous: false,
+            fresh_client_ids: false,
         }
     }
 

@@ -111,6 +111,8 @@ pub struct Counters {
     pub frame_bytes_max: u64,
     /// Slow-consumer closes of connections whose handshake answer never arrived.
     pub handshake_slow_closes: u64,
+    /// Idle clientId bindings the host released, over every host lifetime.
+    pub client_ids_released: u64,
 }
 
 /// One run's outcome.
@@ -657,6 +659,9 @@ impl World {
         self.conn_next += 1;
         self.net.open(conn, i);
         let principal = self.clients[i].principal.clone();
+        if self.options.fresh_client_ids {
+            self.clients[i].take_fresh_client_id();
+        }
         self.checker
             .connected(conn, &self.clients[i].client_id, &principal);
         self.feed(Input::Connected { conn, principal })?;
@@ -686,6 +691,7 @@ impl World {
         };
         let pool = self.options.session_ids();
         let before = Durable::capture(&host, &pool);
+        self.counters.client_ids_released += host.stats().client_ids_released;
         let store = host.into_store();
         self.store_faults_before += store.refused;
         let mut reconnect = Vec::new();
@@ -955,7 +961,14 @@ impl World {
             outputs: self.checker.outputs,
             server_seq: self.host.as_ref().map_or(0, Host::server_seq),
             comparisons: self.checker.comparisons,
-            counters: self.counters.clone(),
+            counters: Counters {
+                client_ids_released: self.counters.client_ids_released
+                    + self
+                        .host
+                        .as_ref()
+                        .map_or(0, |h| h.stats().client_ids_released),
+                ..self.counters.clone()
+            },
             reconnects: (
                 sum(|c| c.stats.replays),
                 sum(|c| c.stats.snapshots),

@@ -9,8 +9,8 @@ mod schema;
 mod services;
 
 use crate::{
-    CloseCode, ConnId, Host, HostConfig, Input, Limits, MemStore, Now, Output, Principal, Role,
-    SessionScope,
+    ClientRecord, CloseCode, ConnId, Host, HostConfig, Input, Limits, MemStore, Now, Output,
+    Principal, Role, SessionScope,
 };
 
 struct Harness {
@@ -139,6 +139,13 @@ impl Harness {
         self.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
     }
 
+    /// The driver reports `conn` closed.
+    fn close(&mut self, conn: u64) -> Vec<(u64, Value)> {
+        let now = self.now();
+        self.host.handle(now, Input::Closed { conn: ConnId(conn) });
+        self.drain()
+    }
+
     fn dispatch(&mut self, conn: u64, channel: &str, seq: u64, action: Value) -> Vec<(u64, Value)> {
         self.send(conn, &json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":channel,"clientSeq":seq,"action":action}}))
     }
@@ -239,6 +246,162 @@ fn a_client_id_belongs_to_the_first_principal_that_uses_it() {
         json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"shared"}),
     );
     assert_eq!(r["error"]["code"], -32009);
+}
+
+/// The bindings the host holds and those its store would load are the same, by clientId.
+fn bindings_match_the_store(h: &mut Harness) -> Vec<(String, String, bool)> {
+    let held: Vec<ClientRecord> = h.host.client_bindings().cloned().collect();
+    let mut stored = h.host.store().clone();
+    let stored = crate::Store::load(&mut stored, 0).expect("load").clients;
+    assert_eq!(held, stored);
+    held.into_iter()
+        .map(|c| (c.client_id, c.owner, c.dispatched))
+        .collect()
+}
+
+#[test]
+fn a_principal_keeps_at_most_its_quota_of_idle_client_ids() {
+    let mut h = Harness::limits(Limits {
+        idle_client_ids_per_principal: 3,
+        ..Limits::default()
+    });
+    // A client that picks a fresh clientId for every connection, as the AXP executor loop does.
+    for i in 0..10u64 {
+        h.init(
+            10 + i,
+            Principal::maintainer("exec"),
+            &format!("run-{i}"),
+            &[],
+        );
+        h.close(10 + i);
+        assert!(h.host.idle_client_ids("exec") <= 3);
+    }
+    let ids: Vec<String> = bindings_match_the_store(&mut h)
+        .into_iter()
+        .map(|(id, _, _)| id)
+        .collect();
+    assert_eq!(ids, ["run-7", "run-8", "run-9"]);
+    assert_eq!(h.host.stats().client_ids_released, 7);
+    // Reusing an id makes it the most recently used, so the next one releases another.
+    h.init(30, Principal::maintainer("exec"), "run-7", &[]);
+    h.close(30);
+    h.init(31, Principal::maintainer("exec"), "run-10", &[]);
+    let ids: Vec<String> = bindings_match_the_store(&mut h)
+        .into_iter()
+        .map(|(id, _, _)| id)
+        .collect();
+    assert_eq!(ids, ["run-10", "run-7", "run-9"]);
+}
+
+#[test]
+fn only_idle_unused_bindings_of_the_same_principal_are_released() {
+    let mut h = Harness::limits(Limits {
+        idle_client_ids_per_principal: 2,
+        ..Limits::default()
+    });
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s1");
+    // c1 dispatches: it is named in history and is never released.
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    h.close(1);
+    h.init(2, Principal::maintainer("m"), "open-1", &[]);
+    h.init(3, Principal::maintainer("m"), "open-2", &[]);
+    h.init(4, Principal::maintainer("other"), "theirs", &[]);
+    h.close(4);
+    // Both of m's idle bindings are held by open connections: a third is refused, and
+    // nothing is committed or released.
+    let seq = h.host.server_seq();
+    h.connect(5, Principal::maintainer("m"));
+    let r = h.request(
+        5,
+        1,
+        "initialize",
+        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"open-3"}),
+    );
+    assert_eq!(r["error"]["code"], -32043, "{r}");
+    assert_eq!(h.host.server_seq(), seq);
+    let before = bindings_match_the_store(&mut h);
+    assert_eq!(before.len(), 4);
+    // Once one closes, it is the one released; another principal's binding never is.
+    h.close(2);
+    let r = h.request(
+        5,
+        2,
+        "initialize",
+        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"open-3"}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
+    let after = bindings_match_the_store(&mut h);
+    let own = |id: &str, owner: &str, d: bool| (id.to_owned(), owner.to_owned(), d);
+    assert_eq!(
+        after,
+        [
+            own("c1", "m", true),
+            own("open-2", "m", false),
+            own("open-3", "m", false),
+            own("theirs", "other", false),
+        ]
+    );
+    // The dispatched binding still numbers its retries after a restart.
+    let store = h.host.into_store();
+    let mut h = Harness::with(
+        HostConfig {
+            limits: Limits {
+                idle_client_ids_per_principal: 2,
+                ..Limits::default()
+            },
+            ..HostConfig::default()
+        },
+        store,
+    );
+    assert_eq!(bindings_match_the_store(&mut h), after);
+    let r = h.init(1, Principal::maintainer("m"), "c1", &[]);
+    assert_eq!(r["_meta"]["org.axp.exchange"]["lastClientSeq"], 1, "{r}");
+}
+
+#[test]
+fn a_refused_commit_releases_nothing() {
+    let mut h = Harness::limits(Limits {
+        idle_client_ids_per_principal: 1,
+        ..Limits::default()
+    });
+    h.init(1, Principal::maintainer("m"), "a", &[]);
+    h.close(1);
+    let mut store = h.host.into_store();
+    store.fail_next_commits(1);
+    let mut h = Harness::with(
+        HostConfig {
+            limits: Limits {
+                idle_client_ids_per_principal: 1,
+                ..Limits::default()
+            },
+            ..HostConfig::default()
+        },
+        store,
+    );
+    h.connect(2, Principal::maintainer("m"));
+    let r = h.request(
+        2,
+        1,
+        "initialize",
+        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"b"}),
+    );
+    assert!(r.get("error").is_some(), "{r}");
+    assert_eq!(
+        bindings_match_the_store(&mut h),
+        [("a".to_owned(), "m".to_owned(), false)]
+    );
+    let r = h.request(
+        2,
+        2,
+        "initialize",
+        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"b"}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
+    assert_eq!(
+        bindings_match_the_store(&mut h),
+        [("b".to_owned(), "m".to_owned(), false)]
+    );
 }
 
 #[test]

@@ -64,13 +64,6 @@ impl Harness {
         self.send(conn, &msg)
     }
 
-    fn close(&mut self, conn: u64) -> Vec<(u64, Value)> {
-        let now = self.now();
-        self.host
-            .handle(now, crate::Input::Closed { conn: ConnId(conn) });
-        self.drain()
-    }
-
     fn advance(&mut self, ms: u64) -> Vec<(u64, Value)> {
         self.now += ms;
         let now = self.now();
