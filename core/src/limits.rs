@@ -94,6 +94,13 @@ pub const ACTION_WRAPPING_DEPTH_MAX: usize = 6;
 /// limit, so without this bound an action could be committed that the host, wrapping it in
 /// envelopes and checkpoints, could not read back at restart.
 pub const ACTION_DEPTH_MAX: usize = 64;
+/// Deepest client-service payload, in levels: notify and request `params`, a service's
+/// `result` and its error `data`. The host forwards payloads as raw text, and `serde_json`
+/// reads raw values without its depth limit, so without this bound the host would forward
+/// frames (two levels deeper than the payload) that receivers built on `serde_json` cannot
+/// read. Deeper request params get `-32602`, a notify is dropped, a result becomes a `-32043`
+/// error and error data is left out. Also the depth the notify fast path scans to.
+pub const SERVICE_PAYLOAD_DEPTH_MAX: usize = 100;
 /// Deepest service `metadata` accepted (levels); `-32602` above. Catalog frames wrap metadata
 /// five levels deep.
 pub const SERVICE_METADATA_DEPTH_MAX: usize = 32;
@@ -109,6 +116,7 @@ pub const SERVICES_MAX: usize = 2048;
 
 const _: () = assert!(ACTION_DEPTH_MAX + ACTION_WRAPPING_DEPTH_MAX <= JSON_DEPTH_READABLE_MAX);
 const _: () = assert!(SERVICE_METADATA_DEPTH_MAX + 5 <= JSON_DEPTH_READABLE_MAX);
+const _: () = assert!(SERVICE_PAYLOAD_DEPTH_MAX + 2 <= JSON_DEPTH_READABLE_MAX);
 
 const _: () = assert!(DEFAULT_MESSAGE_BYTES_MAX <= DEFAULT_FRAME_BYTES_MAX);
 const _: () = assert!(DEFAULT_IDLE_CLIENT_IDS_PER_PRINCIPAL > DEFAULT_CONNECTIONS_MAX);

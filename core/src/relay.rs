@@ -17,6 +17,7 @@ use crate::channel::CATALOG;
 use crate::connection::{ConnId, Enqueued, FrameClass, Phase};
 use crate::error::{RpcError, INTERNAL_ERROR, INVALID_REQUEST};
 use crate::host::{parse_params, Host};
+use crate::limits::SERVICE_PAYLOAD_DEPTH_MAX;
 use crate::services::forward_frame;
 use crate::store::Store;
 use crate::time::{Instant, Timer};
@@ -170,6 +171,11 @@ impl<S: Store> Host<S> {
         if p.params.get().len() > limits.service_payload_bytes_max as usize {
             return Err(RpcError::limit("Request params are too large"));
         }
+        if !wire::payload_depth_ok(p.params.get()) {
+            return Err(RpcError::invalid_params(format!(
+                "Request params nest too deeply (at most {SERVICE_PAYLOAD_DEPTH_MAX} levels)"
+            )));
+        }
         if p.timeout_ms == Some(0) {
             return Err(RpcError::invalid_params("timeoutMs must be positive"));
         }
@@ -266,6 +272,9 @@ impl<S: Store> Host<S> {
             Some(Ok(result)) if result.get().len() > limits.service_payload_bytes_max as usize => {
                 Outcome::Error(RpcError::limit("Service result is too large"))
             }
+            Some(Ok(result)) if !wire::payload_depth_ok(result.get()) => Outcome::Error(
+                RpcError::limit("Service result nests too deeply for its caller to read"),
+            ),
             Some(Ok(result)) => Outcome::Result(result),
             Some(Err(error)) => match serde_json::from_str::<ErrorObject<'_>>(error.get()) {
                 Ok(e) => {
@@ -281,6 +290,7 @@ impl<S: Store> Host<S> {
                     if let Some(data) = e
                         .data
                         .filter(|d| d.get().len() <= limits.service_error_data_bytes_max as usize)
+                        .filter(|d| wire::payload_depth_ok(d.get()))
                     {
                         err =
                             err.with_data(serde_json::from_str(data.get()).unwrap_or(Value::Null));

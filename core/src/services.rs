@@ -461,7 +461,9 @@ impl<S: Store> Host<S> {
 
     /// `clientService/notify` from the general path: forward once or drop silently. Never a reply.
     pub(crate) fn notify_service(&mut self, conn: ConnId, params: Option<&RawValue>) {
-        let parsed = params.and_then(|p| serde_json::from_str(p.get()).ok());
+        let parsed = params
+            .and_then(|p| serde_json::from_str::<NotifyParams<'_>>(p.get()).ok())
+            .filter(|p| wire::payload_depth_ok(p.params.get()));
         self.forward_notify(conn, parsed);
     }
 

@@ -246,7 +246,16 @@ pub fn parse_compact_notify(text: &str) -> Option<NotifyParams<'_>> {
         return Some(params);
     }
     let message: NotifyMessage<'_> = serde_json::from_str(text).ok()?;
-    (message.jsonrpc == "2.0" && message.method == "clientService/notify").then_some(message.params)
+    (message.jsonrpc == "2.0"
+        && message.method == "clientService/notify"
+        && payload_depth_ok(message.params.params.get()))
+    .then_some(message.params)
+}
+
+/// Whether a client-service payload read by `serde_json` (raw, so with no depth limit) nests
+/// at most `SERVICE_PAYLOAD_DEPTH_MAX` levels.
+pub(crate) fn payload_depth_ok(payload: &str) -> bool {
+    json_depth(payload) <= crate::limits::SERVICE_PAYLOAD_DEPTH_MAX
 }
 
 /// The canonical notify, byte for byte: `{"jsonrpc":"2.0","method":"clientService/notify",
@@ -280,9 +289,10 @@ fn canonical_notify(text: &str) -> Option<NotifyParams<'_>> {
     })
 }
 
-/// Deepest payload nesting the scanner accepts; deeper payloads take the serde path (its limit
-/// is 128 levels for the whole message, which wraps the payload in two objects).
-const PAYLOAD_DEPTH_FAST_MAX: usize = 100;
+/// Deepest payload nesting the scanner accepts: the host's bound on client-service payloads,
+/// so a payload the fast path accepts never needs a second look. Deeper payloads take the serde
+/// path, which refuses them by `json_depth`.
+const PAYLOAD_DEPTH_FAST_MAX: usize = crate::limits::SERVICE_PAYLOAD_DEPTH_MAX;
 
 /// Whether `text` is exactly one JSON value (RFC 8259) with no whitespace around it, no string
 /// escapes and at most `PAYLOAD_DEPTH_FAST_MAX` levels of nesting.

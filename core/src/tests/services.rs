@@ -883,3 +883,97 @@ fn the_host_holds_at_most_services_max_services() {
     h.register(1, json!({}));
     assert_eq!(h.host.service_count(), max);
 }
+
+/// Sends `text` from `conn` and returns every frame the host sends in response, as raw text,
+/// checking that each one is JSON a `serde_json` reader (most clients) can parse.
+fn send_and_read_raw(h: &mut Harness, conn: u64, text: &str) -> Vec<(u64, Value)> {
+    let now = h.now();
+    h.host.handle(
+        now,
+        crate::Input::Message {
+            conn: ConnId(conn),
+            text,
+        },
+    );
+    let mut out = Vec::new();
+    while let Some(o) = h.host.poll_output() {
+        if let crate::Output::Send { conn, frame } = o {
+            let parsed = serde_json::from_slice::<Value>(frame.as_bytes());
+            assert!(
+                parsed.is_ok(),
+                "a frame its receiver cannot read: {parsed:?}"
+            );
+            out.push((conn.0, parsed.unwrap_or_default()));
+        }
+    }
+    out
+}
+
+#[test]
+fn payloads_too_deep_for_their_receivers_are_never_forwarded() {
+    let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let max = crate::limits::SERVICE_PAYLOAD_DEPTH_MAX;
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "owner", &[]);
+    h.init(2, Principal::maintainer("m"), "sender", &[]);
+    let id = h.register(1, json!({}));
+    let notify = |payload: &str, layout_spaced: bool| {
+        let space = if layout_spaced { " " } else { "" };
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{{"channel":"{CATALOG}","serviceId":"{id}","method":"m","params":{space}{payload}}}}}"#
+        )
+    };
+    // At the bound, on the fast path and on the general one: forwarded.
+    for spaced in [false, true] {
+        let out = send_and_read_raw(&mut h, 2, &notify(&nested(max), spaced));
+        assert_eq!(out.len(), 1, "spaced {spaced}");
+    }
+    // One level deeper, or far deeper: dropped on every path, nothing sent.
+    for depth in [max + 1, 130, 1000] {
+        for spaced in [false, true] {
+            let out = send_and_read_raw(&mut h, 2, &notify(&nested(depth), spaced));
+            assert!(out.is_empty(), "depth {depth}, spaced {spaced}: {out:?}");
+        }
+    }
+    assert_eq!(h.host.stats().notifications_forwarded, 2);
+    assert_eq!(h.host.stats().notifications_dropped, 6);
+
+    let request = |rid: u64, payload: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{rid},"method":"clientService/request","params":{{"channel":"{CATALOG}","serviceId":"{id}","method":"m","params":{payload}}}}}"#
+        )
+    };
+    let out = send_and_read_raw(&mut h, 2, &request(1, &nested(max + 1)));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, 2);
+    assert_eq!(out[0].1["error"]["code"], -32602, "{:?}", out[0].1);
+    assert_eq!(h.host.pending_requests(), 0);
+    let respond = |hid: u64, body: &str| format!(r#"{{"jsonrpc":"2.0","id":{hid},{body}}}"#);
+    // A result one level too deep fails the request; at the bound it is passed on.
+    for (depth, fails) in [(max + 1, true), (300, true), (max, false)] {
+        let out = send_and_read_raw(&mut h, 2, &request(2, "null"));
+        let hid = handle_request_id(&out, 1);
+        let out = send_and_read_raw(
+            &mut h,
+            1,
+            &respond(hid, &format!(r#""result":{}"#, nested(depth))),
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, 2);
+        assert_eq!(out[0].1.get("error").is_some(), fails, "depth {depth}");
+        if fails {
+            assert_eq!(out[0].1["error"]["code"], -32043);
+        }
+    }
+    // Error data too deep is left out; the error itself still reaches the caller.
+    let out = send_and_read_raw(&mut h, 2, &request(3, "null"));
+    let hid = handle_request_id(&out, 1);
+    let body = format!(
+        r#""error":{{"code":7,"message":"deep","data":{}}}"#,
+        nested(max + 1)
+    );
+    let out = send_and_read_raw(&mut h, 1, &respond(hid, &body));
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].1["error"], json!({"code": 7, "message": "deep"}));
+    assert_eq!(h.host.pending_requests(), 0);
+}
