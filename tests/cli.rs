@@ -252,6 +252,47 @@ fn client_id_binding_and_principals_survive_a_restart() {
     assert_eq!(r["_meta"]["org.axp.exchange"]["principal"], ADMIN);
 }
 
+/// `initialize` as `token` with `client_id`, retried while the host still counts a closed
+/// connection's clientId as in use (`-32043`): it learns of a close a moment after the peer.
+fn init_when_released(host: &HostProcess, token: &str, client_id: &str) -> Value {
+    let params =
+        json!({"channel": "ahp-root://", "protocolVersions": ["0.9.0"], "clientId": client_id});
+    for _ in 0..100 {
+        let mut ws = host.ws_as(token);
+        let r = ws.call("initialize", params.clone());
+        if r["error"]["code"] != -32043 {
+            ws.close();
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{client_id} stayed refused with -32043");
+}
+
+#[test]
+fn idle_client_ids_past_the_quota_are_released_durably() {
+    let mut host = HostProcess::builder()
+        .config("[limits]\nidle_client_ids_per_principal = 2\n")
+        .principal("other", "maintainer", None)
+        .start();
+    let admin = host.token_of(ADMIN).to_owned();
+    let other = host.token_of("other").to_owned();
+    // A client that takes a fresh clientId for every connection and never dispatches.
+    for id in ["run-1", "run-2", "run-3"] {
+        let r = init_when_released(&host, &admin, id);
+        assert!(r.get("result").is_some(), "{id}: {r}");
+    }
+    // run-1, the least recently used, was released: anyone may bind it now. run-2 and run-3
+    // are still the admin's, also after a restart.
+    host.restart();
+    let r = init_when_released(&host, &other, "run-1");
+    assert!(r.get("result").is_some(), "run-1 was not released: {r}");
+    for id in ["run-2", "run-3"] {
+        let r = init_when_released(&host, &other, id);
+        assert_eq!(code(&r["error"]), -32009, "{id}: {r}");
+    }
+}
+
 #[test]
 fn logs_carry_no_tokens_or_application_payloads() {
     for level in ["info", "debug", "trace"] {
