@@ -19,7 +19,8 @@
 //! - `queued_bytes` equals the bytes of the frames sent and not yet reported flushed;
 //! - after `handle_timeout(now)` no deadline at or before `now` is left;
 //! - at the end, past every timeout, no request is pending; once every connection is closed
-//!   the connection, service and relay tables are empty;
+//!   the connection, service and relay tables are empty; the clientId bindings equal the
+//!   store's, with no principal over its idle quota;
 //! - the same script on a second host gives the same outputs, byte for byte.
 
 use std::collections::{BTreeMap, VecDeque};
