@@ -271,5 +271,10 @@ mod tests {
             ..Limits::default()
         };
         assert!(l.validate().is_err());
+        let l = Limits {
+            idle_client_ids_per_principal: 0,
+            ..Limits::default()
+        };
+        assert!(l.validate().is_err());
     }
 }

@@ -139,6 +139,28 @@ impl Harness {
         self.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
     }
 
+    /// A host keeping `quota` idle clientIds per principal, over `store`.
+    fn idle_quota(quota: u32, store: MemStore) -> Harness {
+        let limits = Limits {
+            idle_client_ids_per_principal: quota,
+            ..Limits::default()
+        };
+        Harness::with(
+            HostConfig {
+                limits,
+                ..HostConfig::default()
+            },
+            store,
+        )
+    }
+
+    /// `initialize` as `client` on an open connection; the whole response, success or not.
+    fn initialize(&mut self, conn: u64, id: u64, client: &str) -> Value {
+        let params =
+            json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":client});
+        self.request(conn, id, "initialize", params)
+    }
+
     /// The driver reports `conn` closed.
     fn close(&mut self, conn: u64) -> Vec<(u64, Value)> {
         let now = self.now();
@@ -212,12 +234,7 @@ fn initialize_negotiates_and_advertises_the_exchange() {
     assert_eq!(meta["role"], "maintainer");
     assert_eq!(meta["principal"], "alice");
     assert_eq!(meta["lastClientSeq"], 0);
-    let again = h.request(
-        1,
-        2,
-        "initialize",
-        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"c1"}),
-    );
+    let again = h.initialize(1, 2, "c1");
     assert_eq!(again["error"]["code"], -32011);
 }
 
@@ -239,16 +256,18 @@ fn a_client_id_belongs_to_the_first_principal_that_uses_it() {
     let mut h = Harness::new();
     h.init(1, Principal::maintainer("alice"), "shared", &[]);
     h.connect(2, Principal::maintainer("bob"));
-    let r = h.request(
-        2,
-        1,
-        "initialize",
-        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"shared"}),
-    );
+    let r = h.initialize(2, 1, "shared");
     assert_eq!(r["error"]["code"], -32009);
 }
 
 /// The bindings the host holds and those its store would load are the same, by clientId.
+fn bound_ids(h: &mut Harness) -> Vec<String> {
+    bindings_match_the_store(h)
+        .into_iter()
+        .map(|(id, _, _)| id)
+        .collect()
+}
+
 fn bindings_match_the_store(h: &mut Harness) -> Vec<(String, String, bool)> {
     let held: Vec<ClientRecord> = h.host.client_bindings().cloned().collect();
     let mut stored = h.host.store().clone();
@@ -261,10 +280,7 @@ fn bindings_match_the_store(h: &mut Harness) -> Vec<(String, String, bool)> {
 
 #[test]
 fn a_principal_keeps_at_most_its_quota_of_idle_client_ids() {
-    let mut h = Harness::limits(Limits {
-        idle_client_ids_per_principal: 3,
-        ..Limits::default()
-    });
+    let mut h = Harness::idle_quota(3, MemStore::new());
     // A client that picks a fresh clientId for every connection, as the AXP executor loop does.
     for i in 0..10u64 {
         h.init(
@@ -276,29 +292,18 @@ fn a_principal_keeps_at_most_its_quota_of_idle_client_ids() {
         h.close(10 + i);
         assert!(h.host.idle_client_ids("exec") <= 3);
     }
-    let ids: Vec<String> = bindings_match_the_store(&mut h)
-        .into_iter()
-        .map(|(id, _, _)| id)
-        .collect();
-    assert_eq!(ids, ["run-7", "run-8", "run-9"]);
+    assert_eq!(bound_ids(&mut h), ["run-7", "run-8", "run-9"]);
     assert_eq!(h.host.stats().client_ids_released, 7);
     // Reusing an id makes it the most recently used, so the next one releases another.
     h.init(30, Principal::maintainer("exec"), "run-7", &[]);
     h.close(30);
     h.init(31, Principal::maintainer("exec"), "run-10", &[]);
-    let ids: Vec<String> = bindings_match_the_store(&mut h)
-        .into_iter()
-        .map(|(id, _, _)| id)
-        .collect();
-    assert_eq!(ids, ["run-10", "run-7", "run-9"]);
+    assert_eq!(bound_ids(&mut h), ["run-10", "run-7", "run-9"]);
 }
 
 #[test]
 fn only_idle_unused_bindings_of_the_same_principal_are_released() {
-    let mut h = Harness::limits(Limits {
-        idle_client_ids_per_principal: 2,
-        ..Limits::default()
-    });
+    let mut h = Harness::idle_quota(2, MemStore::new());
     h.init(1, Principal::maintainer("m"), "c1", &[]);
     h.create(1, "s1");
     // c1 dispatches: it is named in history and is never released.
@@ -312,24 +317,14 @@ fn only_idle_unused_bindings_of_the_same_principal_are_released() {
     // nothing is committed or released.
     let seq = h.host.server_seq();
     h.connect(5, Principal::maintainer("m"));
-    let r = h.request(
-        5,
-        1,
-        "initialize",
-        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"open-3"}),
-    );
+    let r = h.initialize(5, 1, "open-3");
     assert_eq!(r["error"]["code"], -32043, "{r}");
     assert_eq!(h.host.server_seq(), seq);
     let before = bindings_match_the_store(&mut h);
     assert_eq!(before.len(), 4);
     // Once one closes, it is the one released; another principal's binding never is.
     h.close(2);
-    let r = h.request(
-        5,
-        2,
-        "initialize",
-        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"open-3"}),
-    );
+    let r = h.initialize(5, 2, "open-3");
     assert!(r.get("result").is_some(), "{r}");
     let after = bindings_match_the_store(&mut h);
     let own = |id: &str, owner: &str, d: bool| (id.to_owned(), owner.to_owned(), d);
@@ -344,16 +339,7 @@ fn only_idle_unused_bindings_of_the_same_principal_are_released() {
     );
     // The dispatched binding still numbers its retries after a restart.
     let store = h.host.into_store();
-    let mut h = Harness::with(
-        HostConfig {
-            limits: Limits {
-                idle_client_ids_per_principal: 2,
-                ..Limits::default()
-            },
-            ..HostConfig::default()
-        },
-        store,
-    );
+    let mut h = Harness::idle_quota(2, store);
     assert_eq!(bindings_match_the_store(&mut h), after);
     let r = h.init(1, Principal::maintainer("m"), "c1", &[]);
     assert_eq!(r["_meta"]["org.axp.exchange"]["lastClientSeq"], 1, "{r}");
@@ -361,42 +347,20 @@ fn only_idle_unused_bindings_of_the_same_principal_are_released() {
 
 #[test]
 fn a_refused_commit_releases_nothing() {
-    let mut h = Harness::limits(Limits {
-        idle_client_ids_per_principal: 1,
-        ..Limits::default()
-    });
+    let mut h = Harness::idle_quota(1, MemStore::new());
     h.init(1, Principal::maintainer("m"), "a", &[]);
     h.close(1);
     let mut store = h.host.into_store();
     store.fail_next_commits(1);
-    let mut h = Harness::with(
-        HostConfig {
-            limits: Limits {
-                idle_client_ids_per_principal: 1,
-                ..Limits::default()
-            },
-            ..HostConfig::default()
-        },
-        store,
-    );
+    let mut h = Harness::idle_quota(1, store);
     h.connect(2, Principal::maintainer("m"));
-    let r = h.request(
-        2,
-        1,
-        "initialize",
-        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"b"}),
-    );
+    let r = h.initialize(2, 1, "b");
     assert!(r.get("error").is_some(), "{r}");
     assert_eq!(
         bindings_match_the_store(&mut h),
         [("a".to_owned(), "m".to_owned(), false)]
     );
-    let r = h.request(
-        2,
-        2,
-        "initialize",
-        json!({"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"b"}),
-    );
+    let r = h.initialize(2, 2, "b");
     assert!(r.get("result").is_some(), "{r}");
     assert_eq!(
         bindings_match_the_store(&mut h),
