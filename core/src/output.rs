@@ -2,21 +2,25 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::Arc;
+use std::rc::Rc;
 
 use crate::connection::ConnId;
 
 /// One encoded WebSocket text message, shared: fan-out to N connections is N refcount bumps.
 ///
-/// The buffer the frame was encoded into is kept as is (`Arc<Vec>`, not `Arc<[u8]>`, which
-/// would copy every frame once more; measured on `notification/route`).
+/// The buffer the frame was encoded into is kept as is (`Rc<Vec>`, not `Rc<[u8]>`, which
+/// would copy every frame once more; measured on `notification/route`). The count is not
+/// atomic: the core and its driver are one thread, and on the notification path the two
+/// locked instructions an `Arc` cost per message (`make_mut`, then `get_mut` when the frame
+/// came back) were 8-9% of the host's time at 64->64 flat out (they wait for the frame's
+/// stores to drain; perf in `docs/performance.md`).
 #[derive(Clone, PartialEq, Eq)]
-pub struct Frame(Arc<Vec<u8>>);
+pub struct Frame(Rc<Vec<u8>>);
 
 impl Frame {
     /// Wraps encoded JSON.
     pub fn new(bytes: Vec<u8>) -> Frame {
-        Frame(Arc::new(bytes))
+        Frame(Rc::new(bytes))
     }
 
     /// The frame's bytes (UTF-8 JSON).
@@ -49,7 +53,7 @@ impl Frame {
 /// held on to.
 #[derive(Default, Debug)]
 pub(crate) struct FramePool {
-    spare: Vec<Arc<Vec<u8>>>,
+    spare: Vec<Rc<Vec<u8>>>,
 }
 
 /// Buffers kept; a turn's worth of reuse needs only a few, as the driver recycles each frame
@@ -61,7 +65,7 @@ const POOL_FRAME_BYTES_MAX: usize = 4096;
 
 impl FramePool {
     /// An empty buffer (cleared by the writer), unshared: a kept one, or a new one.
-    pub(crate) fn take(&mut self) -> Arc<Vec<u8>> {
+    pub(crate) fn take(&mut self) -> Rc<Vec<u8>> {
         self.spare.pop().unwrap_or_default()
     }
 
@@ -69,7 +73,7 @@ impl FramePool {
     pub(crate) fn give_back(&mut self, frame: Frame) {
         let mut buffer = frame.0;
         let keep = self.spare.len() < POOL_FRAMES_MAX
-            && Arc::get_mut(&mut buffer).is_some_and(|b| b.capacity() <= POOL_FRAME_BYTES_MAX);
+            && Rc::get_mut(&mut buffer).is_some_and(|b| b.capacity() <= POOL_FRAME_BYTES_MAX);
         if keep {
             self.spare.push(buffer);
         }
@@ -78,7 +82,7 @@ impl FramePool {
 
 impl Frame {
     /// Wraps a buffer taken from [`FramePool::take`] and filled.
-    pub(crate) fn from_pool(buffer: Arc<Vec<u8>>) -> Frame {
+    pub(crate) fn from_pool(buffer: Rc<Vec<u8>>) -> Frame {
         Frame(buffer)
     }
 }
@@ -174,7 +178,7 @@ mod tests {
         pool.give_back(other);
         assert_eq!(pool.spare.len(), 1);
         let mut again = pool.take();
-        assert!(Arc::get_mut(&mut again).is_some());
+        assert!(Rc::get_mut(&mut again).is_some());
         // Large buffers are freed, not kept.
         pool.give_back(Frame::new(Vec::with_capacity(POOL_FRAME_BYTES_MAX + 1)));
         assert!(pool.spare.is_empty());
@@ -185,6 +189,6 @@ mod tests {
         assert_eq!(pool.spare.len(), POOL_FRAMES_MAX);
         // An empty pool makes a new buffer.
         let mut empty = FramePool::default();
-        assert!(Arc::get_mut(&mut empty.take()).is_some());
+        assert!(Rc::get_mut(&mut empty.take()).is_some());
     }
 }

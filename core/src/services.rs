@@ -13,6 +13,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use rand::RngCore;
@@ -529,7 +530,7 @@ impl<S: Store> Host<S> {
 /// `service_id` must be a registered id and `sender` a bound client id: both are plain ASCII by
 /// construction (`new_service_id`, `channel::valid_id`), so they are written without escaping.
 pub(crate) fn forward_frame(
-    mut buffer: Arc<Vec<u8>>,
+    mut buffer: Rc<Vec<u8>>,
     wire_method: &str,
     id: Option<u64>,
     service_id: &str,
@@ -539,7 +540,7 @@ pub(crate) fn forward_frame(
 ) -> crate::Frame {
     let need = 160 + service_id.len() + sender.len() + method.len() + raw.len();
     // Pool buffers are never shared; `make_mut` copies only if that ever changes.
-    let out = Arc::make_mut(&mut buffer);
+    let out = Rc::make_mut(&mut buffer);
     out.clear();
     out.reserve(need);
     out.extend_from_slice(b"{\"jsonrpc\":\"2.0\",");
