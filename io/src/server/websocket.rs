@@ -238,10 +238,14 @@ impl FrameReader {
             self.want = header;
             return Parsed::Incomplete;
         }
-        let len = len.unwrap_or_else(|| {
-            let mut be = [0u8; 8];
-            be[8 - len_bytes..].copy_from_slice(&have[2..2 + len_bytes]);
-            u64::from_be_bytes(be)
+        // Decoded from fixed-size arrays: a copy of `len_bytes` bytes into a zeroed word was a
+        // call to `memcpy` and a reload that missed store forwarding, 7% of the host at 64->64
+        // (every ~300-byte notify has a 2-byte length).
+        let len = len.unwrap_or_else(|| match len_bytes {
+            2 => u64::from(u16::from_be_bytes([have[2], have[3]])),
+            _ => u64::from_be_bytes([
+                have[2], have[3], have[4], have[5], have[6], have[7], have[8], have[9],
+            ]),
         });
         if let Some(violation) = self.check_header(fin, rsv, opcode, masked, len) {
             self.done = true;
