@@ -446,7 +446,14 @@ fn first_special(bytes: &[u8]) -> Option<usize> {
     fn special(b: u8) -> bool {
         (b == b'"') | (b == b'\\') | (b < 0x20)
     }
-    let mut at = 0;
+    // Most strings end early (member names, ids, method names; `bytes` runs to the end of the
+    // input, not of the string): words first over the first 40 bytes, which covers a 36-byte id
+    // and its closing quote, so a short string costs no 64-byte block test and rescan.
+    let head = bytes.len().min(SHORT_STRING_BYTES);
+    if let Some(i) = first_special_by_words(&bytes[..head]) {
+        return Some(i);
+    }
+    let mut at = head;
     for width in [64, 32] {
         while bytes.len() - at >= width {
             let block = &bytes[at..at + width];
@@ -458,6 +465,9 @@ fn first_special(bytes: &[u8]) -> Option<usize> {
     }
     first_special_by_words(&bytes[at..]).map(|i| at + i)
 }
+
+/// How far [`first_special`] looks a word at a time before it switches to wide blocks.
+const SHORT_STRING_BYTES: usize = 40;
 
 /// [`first_special`] eight bytes at a time.
 ///
@@ -642,7 +652,9 @@ mod tests {
         // threshold (0x1f/0x20, 0x21/0x22/0x23, 0x5b/0x5c/0x5d, 0x7f/0x80, 0xff).
         let fill = [b'a', 0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xa0, 0xff];
         let special = [b'"', b'\\', 0x00, 0x01, 0x1f];
-        for len in (0..40).chain([63, 64, 65, 95, 96, 97, 127, 128, 129, 170]) {
+        for len in (0..50).chain([
+            63, 64, 65, 95, 96, 97, 103, 104, 105, 127, 128, 129, 137, 170,
+        ]) {
             for &f in &fill {
                 let base = vec![f; len];
                 assert_eq!(first_special(&base), slow(&base));
