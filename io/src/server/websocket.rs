@@ -233,10 +233,11 @@ impl FrameReader {
         let rsv = b0 & 0x70;
         let opcode = b0 & 0x0F;
         let masked = b1 & 0x80 != 0;
-        let (len, len_bytes) = match b1 & 0x7F {
-            126 => (None, 2),
-            127 => (None, 8),
-            n => (Some(u64::from(n)), 0),
+        let len_code = b1 & 0x7F;
+        let len_bytes = match len_code {
+            126 => 2,
+            127 => 8,
+            _ => 0,
         };
         let header = 2 + len_bytes + if masked { 4 } else { 0 };
         if have.len() < header {
@@ -246,12 +247,13 @@ impl FrameReader {
         // Decoded from fixed-size arrays: a copy of `len_bytes` bytes into a zeroed word was a
         // call to `memcpy` and a reload that missed store forwarding, 7% of the host at 64->64
         // (every ~300-byte notify has a 2-byte length).
-        let len = len.unwrap_or_else(|| match len_bytes {
-            2 => u64::from(u16::from_be_bytes([have[2], have[3]])),
-            _ => u64::from_be_bytes([
+        let len = match len_code {
+            126 => u64::from(u16::from_be_bytes([have[2], have[3]])),
+            127 => u64::from_be_bytes([
                 have[2], have[3], have[4], have[5], have[6], have[7], have[8], have[9],
             ]),
-        });
+            n => u64::from(n),
+        };
         if let Some(violation) = self.check_header(fin, rsv, opcode, masked, len) {
             self.done = true;
             return Parsed::Fail(violation);
@@ -763,7 +765,7 @@ mod tests {
             assert_eq!(fast, slow(&data));
             assert_eq!(ascii, fast.is_ascii(), "length {n}");
             // ASCII text, then one byte at or over 0x80 at each position in turn: the flag
-            // must see it in the vector blocks and in the remainder alike.
+            // must see it in the eight-byte words and in the remainder alike.
             let text: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
             let masked = slow(&text);
             let mut plain = masked.clone();
