@@ -41,8 +41,9 @@ impl Bench {
         }
     }
 
-    /// Feeds one message, drains every output (acknowledging each frame as flushed) and hands
-    /// each frame to `seen`. Returns how many frames went out.
+    /// Feeds one message, drains every output (acknowledging each frame as flushed, then
+    /// recycling it like the driver) and hands each frame to `seen`. Returns how many frames
+    /// went out.
     fn feed(&mut self, conn: u64, text: &str, mut seen: impl FnMut(&Frame)) -> usize {
         let now = self.now();
         self.host.handle(
@@ -64,6 +65,9 @@ impl Bench {
                     },
                 );
                 seen(&frame);
+                // As the driver does once the bytes are copied out: the buffer serves the next
+                // forwarded notification instead of going back to the allocator.
+                self.host.recycle(frame);
             }
         }
         frames
