@@ -634,6 +634,111 @@ mod tests {
         assert!(!plain_json(nested(PAYLOAD_DEPTH_FAST_MAX + 1).as_bytes()));
     }
 
+    /// `plain_json` against its definition, on generated JSON and on near misses (one or two
+    /// bytes replaced, removed or doubled): exactly what `serde_json` reads as one value
+    /// spanning the whole text, without a backslash anywhere, at most `PAYLOAD_DEPTH_FAST_MAX`
+    /// deep.
+    #[test]
+    fn plain_json_agrees_with_its_definition_on_generated_text() {
+        let definition = |text: &str| {
+            serde_json::from_str::<&RawValue>(text).is_ok_and(|raw| raw.get() == text)
+                && !text.contains('\\')
+                && json_depth(text) <= PAYLOAD_DEPTH_FAST_MAX
+        };
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        fn value(out: &mut String, depth: usize, next: &mut impl FnMut(usize) -> usize) {
+            const SPACE: [&str; 6] = ["", "", "", " ", "\n\t", "\r "];
+            const SCALARS: [&str; 14] = [
+                "0",
+                "-0",
+                "12",
+                "-3.25",
+                "1e9",
+                "2E-7",
+                "4.5e+1",
+                "true",
+                "false",
+                "null",
+                "\"\"",
+                "\"ab\"",
+                "\"long string of text, past a word\"",
+                "\"\u{e9}\u{1f600}\"",
+            ];
+            let kind = if depth == 0 { 2 } else { next(4) };
+            match kind {
+                0 | 1 => {
+                    let (open, close) = if kind == 0 { ('[', ']') } else { ('{', '}') };
+                    out.push(open);
+                    out.push_str(SPACE[next(SPACE.len())]);
+                    for item in 0..next(4) {
+                        if item > 0 {
+                            out.push(',');
+                            out.push_str(SPACE[next(SPACE.len())]);
+                        }
+                        if kind == 1 {
+                            out.push_str(["\"k\"", "\"\"", "\"key name\""][next(3)]);
+                            out.push_str(SPACE[next(SPACE.len())]);
+                            out.push(':');
+                            out.push_str(SPACE[next(SPACE.len())]);
+                        }
+                        value(out, depth - 1, next);
+                        out.push_str(SPACE[next(SPACE.len())]);
+                    }
+                    out.push(close);
+                }
+                _ => out.push_str(SCALARS[next(SCALARS.len())]),
+            }
+        }
+        const BYTES: &[u8] = b"{}[],:\"\\ \t01-.eE+tfn\x01x";
+        let (mut accepted, mut refused) = (0, 0);
+        for round in 0..60_000 {
+            let mut text = String::new();
+            value(&mut text, 1 + next(4), &mut next);
+            let mut bytes = text.into_bytes();
+            for _ in 0..round % 3 {
+                if bytes.is_empty() {
+                    break;
+                }
+                let at = next(bytes.len());
+                match next(3) {
+                    0 => bytes[at] = BYTES[next(BYTES.len())],
+                    1 => drop(bytes.remove(at)),
+                    _ => bytes.insert(at, bytes[at]),
+                }
+            }
+            // Mutations may split a multibyte character; only text reaches the scanner.
+            let Ok(text) = String::from_utf8(bytes) else {
+                continue;
+            };
+            let plain = plain_json(text.as_bytes());
+            assert_eq!(plain, definition(&text), "{text:?}");
+            if plain {
+                accepted += 1;
+            } else {
+                refused += 1;
+            }
+        }
+        // Both answers come up often, so the comparison means something.
+        assert!(
+            accepted > 10_000 && refused > 10_000,
+            "{accepted} {refused}"
+        );
+        for text in [
+            "[".repeat(100) + &"]".repeat(100),
+            "[".repeat(101) + &"]".repeat(101),
+            "{\"a\":".repeat(100) + "1" + &"}".repeat(100),
+            "{\"a\":".repeat(101) + "1" + &"}".repeat(101),
+        ] {
+            assert_eq!(plain_json(text.as_bytes()), definition(&text));
+        }
+    }
+
     #[test]
     fn json_depth_counts_containers_not_brackets_in_strings() {
         assert_eq!(json_depth("1"), 0);
@@ -652,9 +757,9 @@ mod tests {
         // threshold (0x1f/0x20, 0x21/0x22/0x23, 0x5b/0x5c/0x5d, 0x7f/0x80, 0xff).
         let fill = [b'a', 0x20, 0x21, 0x23, 0x5b, 0x5d, 0x7f, 0x80, 0xa0, 0xff];
         let special = [b'"', b'\\', 0x00, 0x01, 0x1f];
-        for len in (0..50).chain([
-            63, 64, 65, 95, 96, 97, 103, 104, 105, 127, 128, 129, 137, 170,
-        ]) {
+        // Every length across the words (to 40), the 64-byte blocks (to 104) and the 32-byte
+        // block (to 136), and a few beyond.
+        for len in (0..=140).chain([167, 168, 169, 170, 171, 200]) {
             for &f in &fill {
                 let base = vec![f; len];
                 assert_eq!(first_special(&base), slow(&base));
