@@ -2,7 +2,8 @@
 //! cost per message. Run: `cargo bench --bench core`.
 //!
 //! - `notification/route`: parse one ~200-byte `clientService/notify`, look the service up,
-//!   build the forwarded frame, queue it, and account its flush (the canonical layout).
+//!   build the forwarded frame, queue it, account its flush and recycle it, as the driver does
+//!   (the canonical layout).
 //! - `notification/route_general`: the same with the params' members in another order, which
 //!   the general envelope parser reads.
 //! - `request/roundtrip`: `clientService/request` → `handleRequest` → response → result.
