@@ -315,6 +315,11 @@ impl<S: Store> Host<S> {
         self.conns.len()
     }
 
+    /// (A) Sessions the host holds, open and closed.
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
     /// (A) The last assigned `serverSeq`.
     pub fn server_seq(&self) -> u64 {
         self.seq.current()

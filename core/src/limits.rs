@@ -53,6 +53,12 @@ pub struct Limits {
     /// releases its least recently used one that no connection uses (`-32043` when all are in
     /// use). Above `connections_max` by default, so that never happens unless configured.
     pub idle_client_ids_per_principal: u32,
+    /// Sessions the host holds, open and closed alike (AHP 0.9 has no way to delete one);
+    /// `createSession` gets `-32043` at the limit. Every session stays in memory with its three
+    /// channels, and `createSession` and `listSessions` look at all of them. A store that
+    /// already holds more (the limit was lowered) is loaded whole; only creating is refused.
+    /// The AXP host has no such bound.
+    pub sessions_max: u32,
 }
 
 /// Defaults, named so tests and docs can cite them.
@@ -74,6 +80,9 @@ pub const DEFAULT_REPLAY_EVENTS_MAX: u32 = 4096;
 pub const DEFAULT_QUEUE_BYTES_SOFT: u64 = 1024 * 1024;
 /// See [`Limits::idle_client_ids_per_principal`]: twice the default `connections_max`.
 pub const DEFAULT_IDLE_CLIENT_IDS_PER_PRINCIPAL: u32 = 4096;
+/// See [`Limits::sessions_max`]. A fresh session costs the host ~6 KB of memory (2,000 of them
+/// added 11.7 MB of RSS, SQLite's cache included), so ~60 MB at this limit before chats grow.
+pub const DEFAULT_SESSIONS_MAX: u32 = 10_000;
 /// See [`Limits::service_payload_bytes_max`].
 pub const DEFAULT_SERVICE_PAYLOAD_BYTES_MAX: u32 = 1024 * 1024;
 /// Envelope room around a client-service payload (ids, method, metadata of the message).
@@ -148,6 +157,7 @@ impl Default for Limits {
             relay_timeout_ms: 30_000,
             relay_timeout_ms_max: 300_000,
             idle_client_ids_per_principal: DEFAULT_IDLE_CLIENT_IDS_PER_PRINCIPAL,
+            sessions_max: DEFAULT_SESSIONS_MAX,
         }
     }
 }
@@ -211,6 +221,9 @@ impl Limits {
                 "idle_client_ids_per_principal must be at least 1",
             ));
         }
+        if self.sessions_max == 0 {
+            return Err(LimitsError("sessions_max must be at least 1"));
+        }
         if self.service_method_bytes_max == 0 || self.services_per_conn_max == 0 {
             return Err(LimitsError("service limits must be positive"));
         }
@@ -257,6 +270,7 @@ mod tests {
         assert_eq!(l.relays_per_service_max, 1024);
         assert_eq!(l.relay_timeout_ms, 30_000);
         assert_eq!(l.relay_timeout_ms_max, 300_000);
+        assert_eq!(l.sessions_max, 10_000);
     }
 
     #[test]

@@ -543,6 +543,10 @@ mod commands {
             {
                 return Err(RpcError::conflict("An open session already owns this task"));
             }
+            // After the duplicate checks, so a repeated create still hears that it exists.
+            if self.sessions.len() >= self.config.limits.sessions_max as usize {
+                return Err(RpcError::limit("Session limit reached"));
+            }
             let mut entry = SessionEntry::create(&id, title, task, self.now.wall_unix_ms);
             let records = entry.checkpoint(self.seq.current());
             let change = Change {

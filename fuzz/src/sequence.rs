@@ -362,6 +362,8 @@ pub fn tight_limits() -> Limits {
         relay_timeout_ms: 500,
         relay_timeout_ms_max: 2_000,
         idle_client_ids_per_principal: 2,
+        // Below the three pool sessions, so creating the third is refused.
+        sessions_max: 2,
     }
 }
 

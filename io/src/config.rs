@@ -476,6 +476,7 @@ raw_limits! {
     relay_timeout_ms: u64,
     relay_timeout_ms_max: u64,
     idle_client_ids_per_principal: u32,
+    sessions_max: u32,
 }
 
 impl RawLimits {

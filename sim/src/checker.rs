@@ -291,6 +291,13 @@ impl Checker {
     ) -> Result<(), String> {
         self.sequence(host)?;
         self.ledger(host, net)?;
+        let sessions_max = host.limits().sessions_max as usize;
+        if host.session_count() > sessions_max {
+            return Err(format!(
+                "the host holds {} sessions, over sessions_max {sessions_max}",
+                host.session_count()
+            ));
+        }
         bindings(host)?;
         if epoch != self.cache_epoch {
             self.host_cache.clear();

@@ -28,6 +28,12 @@ pub const ROOT: &str = "ahp-root://";
 /// Consecutive failed handshakes a client retries at once before waiting for its next turn.
 const HANDSHAKE_RETRIES_MAX: u32 = 4;
 
+/// A calm client waits this long times its consecutive failures (at most ten) before it retries
+/// a refused handshake. At once would loop in zero simulated time over a link whose latency
+/// healed to 0 ms, while the refusal (a full clientId quota) lasts until the host hears a stale
+/// connection close, which is queued for later: time must move for that to arrive.
+pub const HANDSHAKE_RETRY_STEP_MS: u64 = 20;
+
 /// What an outstanding request was, so its response can be checked and applied.
 #[derive(Clone, Debug)]
 pub enum Request {
@@ -323,7 +329,11 @@ pub struct SimClient {
     pub(crate) list_cursor: Option<String>,
     /// Whether a handshake ever succeeded (the clientId is bound to this principal).
     pub bound: bool,
-    pub(crate) handshake_failures: u32,
+    /// Handshakes refused in a row (reset by one that succeeds).
+    pub handshake_failures: u32,
+    /// Set by a calm client's refused handshake: the world retries it after a pause
+    /// ([`HANDSHAKE_RETRY_STEP_MS`]).
+    pub handshake_retry_wanted: bool,
     /// Session ids the world's pool holds.
     pub(crate) session_pool: Vec<String>,
     /// Calm: no random variations in handshakes (always `reconnect` when there is state,
@@ -381,6 +391,7 @@ impl SimClient {
             list_cursor: None,
             bound: false,
             handshake_failures: 0,
+            handshake_retry_wanted: false,
             session_pool,
             calm: false,
             outbox: Vec::new(),
@@ -673,10 +684,30 @@ impl SimClient {
         );
     }
 
-    /// After a failed handshake: try again at once, a few times, with safe parameters.
+    /// After a failed handshake: try again at once, a few times, with safe parameters; a calm
+    /// client keeps trying, after a pause the world schedules.
     pub(crate) fn handshake_failed(&mut self) {
         self.handshake_failures += 1;
-        if self.handshake_failures <= HANDSHAKE_RETRIES_MAX || self.calm {
+        if self.calm {
+            self.handshake_retry_wanted = true;
+        } else if self.handshake_failures <= HANDSHAKE_RETRIES_MAX {
+            self.send_initialize(true);
+        }
+    }
+
+    /// The pause before a calm client's next handshake attempt.
+    pub fn handshake_retry_delay_ms(&self) -> u64 {
+        HANDSHAKE_RETRY_STEP_MS * u64::from(self.handshake_failures.clamp(1, 10))
+    }
+
+    /// Retries the handshake on `conn` if it is still this client's connection, not ready and
+    /// not already handshaking.
+    pub fn retry_handshake(&mut self, conn: ConnId) {
+        let waiting = self
+            .connection
+            .as_ref()
+            .is_some_and(|c| c.conn == conn && !c.ready && !c.handshake_pending);
+        if waiting {
             self.send_initialize(true);
         }
     }

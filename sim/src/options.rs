@@ -313,9 +313,10 @@ impl Options {
         let mut later = ChaCha8Rng::seed_from_u64(seed ^ 0x1d1e_c11e_4715_0000);
         let fresh_client_ids = Ratio::new(1, 3).hit(&mut later);
         if fresh_client_ids || Ratio::new(1, 4).hit(&mut later) {
-            // A principal's clients hold one idle clientId each at most, plus one that a
-            // closing connection may still hold: a quota just above that releases bindings as
-            // fresh ids arrive and never refuses a handshake for good.
+            // A principal's clients hold one idle clientId each at most, plus those of
+            // connections whose close the host has not heard yet: a quota just above the first
+            // releases bindings as fresh ids arrive, and refuses a handshake only until such a
+            // close arrives, never for good.
             let per_principal = clients.div_ceil(principals.max(1));
             limits.idle_client_ids_per_principal = per_principal + later.random_range(1..=2);
         }
@@ -341,7 +342,7 @@ impl Options {
             answer_cancelled: Ratio::new(rng.random_range(0..=2), 2),
             stray: Ratio::new(rng.random_range(0..=1), 2),
         };
-        Options {
+        let mut options = Options {
             seed,
             clients,
             steps_max: rng.random_range(300..=2000),
@@ -374,7 +375,12 @@ impl Options {
             session_pool: rng.random_range(1..=5),
             autonomous: true,
             fresh_client_ids,
+        };
+        // A session limit at or below the pool, so some creates are refused for good.
+        if Ratio::new(1, 4).hit(&mut later) {
+            options.limits.sessions_max = later.random_range(1..=options.session_pool);
         }
+        options
     }
 
     /// A calm, fault-free configuration for scripted scenario tests: fixed latency, no random

@@ -75,6 +75,8 @@ enum Event {
     Restart,
     /// The wall clock jumps.
     WallJump,
+    /// A calm client retries a refused handshake on `conn`.
+    Handshake { client: usize, conn: ConnId },
     /// A service owner's answer to `host_id`, which it was sent on `conn`, falls due.
     Answer {
         client: usize,
@@ -473,6 +475,10 @@ impl World {
                 result.map_err(|m| self.violation(format!("client {client} {conn:?}: {m}")))?;
                 self.collect(client);
                 self.send_outbox(client);
+                if std::mem::take(&mut self.clients[client].handshake_retry_wanted) {
+                    let at = self.clock.mono_ms + self.clients[client].handshake_retry_delay_ms();
+                    self.schedule(at, Event::Handshake { client, conn });
+                }
                 Ok(())
             }
             Some(ToClient::Close(code, reason)) => {
@@ -569,6 +575,11 @@ impl World {
                 Ok(())
             }
             Event::Connect(i) => self.connect(i),
+            Event::Handshake { client, conn } => {
+                self.clients[client].retry_handshake(conn);
+                self.send_outbox(client);
+                Ok(())
+            }
             Event::Flushed { conn, bytes } => {
                 if self.net.link(conn).is_some() {
                     self.net.flushed(conn, bytes);
@@ -901,11 +912,12 @@ impl World {
         if !self.net.is_idle() {
             return Some("frames in flight".into());
         }
-        if self
-            .agenda
-            .values()
-            .any(|e| matches!(e, Event::Flushed { .. } | Event::Connect(_)))
-        {
+        if self.agenda.values().any(|e| {
+            matches!(
+                e,
+                Event::Flushed { .. } | Event::Connect(_) | Event::Handshake { .. }
+            )
+        }) {
             return Some("agenda".into());
         }
         self.clients.iter().find_map(|c| c.awaiting())

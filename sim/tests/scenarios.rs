@@ -750,3 +750,52 @@ fn a_connection_closed_while_another_is_forgotten_holds_nothing() {
     }
     settle(&mut w);
 }
+
+/// SIMULATOR BUG (seed 1357239, fixed with this test): in the liveness phase a calm client
+/// retried a refused handshake at once, and the healed network's latency was 0 ms, so the
+/// retries ran in zero simulated time forever; the refusal (the principal's idle clientIds all
+/// in use, one by a connection whose close was still on its way) could never end. The host was
+/// right to refuse. A calm client now retries after a pause, and the close gets through.
+#[test]
+fn a_refused_handshake_is_retried_after_a_pause_until_it_succeeds() {
+    let mut w = world(2, |o| {
+        o.latency_ms_min = 0;
+        o.latency_ms_max = 0;
+        o.principals = 1;
+        o.limits.idle_client_ids_per_principal = 1;
+    });
+    for i in 0..2 {
+        w.with_client(i, |c| c.calm = true);
+    }
+    connect(&mut w, 0);
+    // Client 0 holds the one idle clientId; client 1 is refused and keeps asking.
+    let r = w.connect(1);
+    ok(&w, r);
+    let start_ms = w.now_ms();
+    for _ in 0..10_000 {
+        if w.now_ms() >= start_ms + 500 {
+            break;
+        }
+        let r = w.step();
+        assert!(ok(&w, r), "the world stopped while a handshake was refused");
+    }
+    assert!(
+        w.now_ms() >= start_ms + 500,
+        "10,000 steps passed within {} ms: retries do not wait",
+        w.now_ms() - start_ms
+    );
+    let refusals = w.clients[1].handshake_failures;
+    assert!(
+        (2..=60).contains(&refusals),
+        "{refusals} refusals in 500 ms"
+    );
+    assert!(!w.clients[1].connection.as_ref().is_some_and(|c| c.ready));
+    // Client 0 leaves; client 1's next attempt gets the clientId slot.
+    w.disconnect(0, false);
+    let r = w.advance(500);
+    ok(&w, r);
+    assert!(
+        w.clients[1].connection.as_ref().is_some_and(|c| c.ready),
+        "client 1 is not initialized after client 0 left"
+    );
+}

@@ -83,8 +83,9 @@ fn seeds_hold_every_invariant_and_replay_exactly() {
 /// its exact trace.
 const FOUND: &[u64] = &[
     7336, 16233, // a reconnect reply over queue_bytes_hard
-    3005, 3684, 5317, 6680, 10592, 17748,  // a closing connection's services outlived it
-    694518, // a retry's failing receipt read turned an applied dispatch into a rejection
+    3005, 3684, 5317, 6680, 10592, 17748,   // a closing connection's services outlived it
+    694518,  // a retry's failing receipt read turned an applied dispatch into a rejection
+    1357239, // (simulator) a calm client retried a refused handshake in zero simulated time
 ];
 
 #[test]

@@ -633,6 +633,50 @@ fn restart_reloads_sessions_and_keeps_server_seq() {
 }
 
 #[test]
+fn the_session_limit_refuses_creates_and_a_lowered_limit_still_loads_everything() {
+    let limited = |sessions_max| HostConfig {
+        limits: Limits {
+            sessions_max,
+            ..Limits::default()
+        },
+        ..HostConfig::default()
+    };
+    let mut h = Harness::with(limited(2), MemStore::new());
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]);
+    assert_eq!(h.create(1, "s1")["result"], Value::Null);
+    assert_eq!(h.create(1, "s2")["result"], Value::Null);
+    let seq = h.host.server_seq();
+    let out = h.send(
+        1,
+        &json!({"jsonrpc":"2.0","id":7,"method":"createSession","params":{"channel":"ahp-session:/s3"}}),
+    );
+    // Refused with the limit error, nothing committed and nothing announced.
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].1["error"]["code"], -32043);
+    assert_eq!(out[0].1["error"]["message"], "Session limit reached");
+    assert_eq!(h.host.server_seq(), seq);
+    assert_eq!(h.host.session_count(), 2);
+    assert_eq!(h.host.channel_state("ahp-session:/s3"), None);
+    // A repeat of an existing one still hears that it exists, not that the host is full.
+    assert_eq!(h.create(1, "s1")["error"]["code"], -32003);
+
+    // The limit lowered below what the store holds: everything loads, nothing more is created.
+    let store = h.host.into_store();
+    let mut h = Harness::with(limited(1), store);
+    assert_eq!(h.host.session_count(), 2);
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    let listed = h.request(1, 3, "listSessions", json!({"channel":"ahp-root://"}));
+    assert_eq!(listed["result"]["items"].as_array().map(Vec::len), Some(2));
+    assert_eq!(h.create(1, "s3")["error"]["code"], -32043);
+    // Raised again, creating works.
+    let store = h.host.into_store();
+    let mut h = Harness::with(limited(3), store);
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    assert_eq!(h.create(1, "s3")["result"], Value::Null);
+    assert_eq!(h.host.session_count(), 3);
+}
+
+#[test]
 fn reconnect_replays_or_snapshots_and_reports_missing() {
     let mut h = Harness::limits(Limits {
         replay_events_max: 4,
