@@ -296,6 +296,7 @@ fn host_sequence() {
             Script {
                 tight: false,
                 close_at_once: true,
+                session_limit: 0,
                 ops: vec![
                     connect(0),
                     connect(2),
@@ -323,6 +324,7 @@ fn host_sequence() {
             Script {
                 tight: true,
                 close_at_once: false,
+                session_limit: 0,
                 ops: vec![
                     connect(0),
                     connect(0),
@@ -345,6 +347,7 @@ fn host_sequence() {
             Script {
                 tight: false,
                 close_at_once: true,
+                session_limit: 0,
                 ops: vec![
                     connect(0),
                     connect(1),
@@ -372,6 +375,7 @@ fn host_sequence() {
             Script {
                 tight: false,
                 close_at_once: true,
+                session_limit: 0,
                 ops: vec![
                     connect(0),
                     call(0, Method::CreateSession, 1, [0, 8, 3, 0]),
@@ -388,6 +392,7 @@ fn host_sequence() {
             Script {
                 tight: true,
                 close_at_once: true,
+                session_limit: 0,
                 ops: vec![
                     connect(0),
                     connect(1),
@@ -407,10 +412,32 @@ fn host_sequence() {
             },
         ),
         (
+            // Tight limits with one session (`SESSION_LIMITS[1]`): the second create meets the
+            // limit, a repeat of the first still hears it exists, and after a restart over the
+            // store the limit still holds.
+            "session-limit",
+            Script {
+                tight: true,
+                close_at_once: true,
+                session_limit: 1,
+                ops: vec![
+                    connect(0),
+                    call(0, Method::CreateSession, 1, [0, 8, 3, 0]),
+                    call(0, Method::CreateSession, 2, [0, 24, 3, 0]),
+                    call(0, Method::CreateSession, 3, [0, 8, 3, 0]),
+                    call(0, Method::ListSessions, 4, [0, 1, 0, 1]),
+                    Op::Restart { fail_commits: 0 },
+                    connect(0),
+                    call(1, Method::CreateSession, 5, [0, 40, 3, 0]),
+                ],
+            },
+        ),
+        (
             "handshake",
             Script {
                 tight: false,
                 close_at_once: false,
+                session_limit: 0,
                 ops: vec![
                     Op::Connect {
                         who: 1,
@@ -433,6 +460,7 @@ fn host_sequence() {
             Script {
                 tight: false,
                 close_at_once: true,
+                session_limit: 0,
                 ops: vec![
                     connect(0),
                     Op::Send {
@@ -479,6 +507,7 @@ fn findings() {
     let script = |ops| Script {
         tight: false,
         close_at_once: true,
+        session_limit: 0,
         ops,
     };
     // Registration JSON 127 levels deep (serde_json reads it) → a catalog snapshot 131 deep.

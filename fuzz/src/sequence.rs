@@ -46,6 +46,9 @@ pub struct Script {
     /// Report `Closed` at once when the host asks to close (as the driver does), or leave it to
     /// a later `Close` operation.
     pub close_at_once: bool,
+    /// With tight limits, which session limit applies: [`SESSION_LIMITS`] by this index (mod 4).
+    /// One session in a quarter of scripts, so a second create meets the limit within reach.
+    pub session_limit: u8,
     /// The operations.
     pub ops: Vec<Op>,
 }
@@ -179,7 +182,8 @@ impl Method {
 }
 
 impl Script {
-    /// Reads a script: a header byte (bit 0: tight limits; bit 1: deferred `Closed`), then
+    /// Reads a script: a header byte (bit 0: tight limits; bit 1: deferred `Closed`; bits 2-3:
+    /// the session limit under tight limits), then
     /// operations until the bytes run out, each a tag byte and its arguments.
     pub fn decode(data: &[u8]) -> Script {
         let mut u = Unstructured::new(data);
@@ -254,13 +258,18 @@ impl Script {
         Script {
             tight: header & 1 != 0,
             close_at_once: header & 2 == 0,
+            session_limit: (header >> 2) & 3,
             ops,
         }
     }
 
     /// The bytes [`Script::decode`] reads back as this script.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![u8::from(self.tight) | if self.close_at_once { 0 } else { 2 }];
+        let mut out = vec![
+            u8::from(self.tight)
+                | if self.close_at_once { 0 } else { 2 }
+                | (self.session_limit & 3) << 2,
+        ];
         for op in &self.ops {
             match op {
                 Op::Connect { who, init } => out.extend([0, *who, u8::from(*init)]),
@@ -367,6 +376,10 @@ pub fn tight_limits() -> Limits {
     }
 }
 
+/// The session limits a tight script may pick: below the pool of three (so creates are
+/// refused), and at it.
+pub const SESSION_LIMITS: [u32; 4] = [2, 1, 3, 2];
+
 const SESSIONS: &[&str] = &["s1", "s2", "s3"];
 
 fn channel(a: u8) -> String {
@@ -431,7 +444,10 @@ struct World {
 impl World {
     fn new(script: &Script) -> World {
         let limits = if script.tight {
-            tight_limits()
+            Limits {
+                sessions_max: SESSION_LIMITS[usize::from(script.session_limit & 3)],
+                ..tight_limits()
+            }
         } else {
             Limits::default()
         };
