@@ -290,5 +290,13 @@ mod tests {
             ..Limits::default()
         };
         assert!(l.validate().is_err());
+        let l = Limits {
+            sessions_max: 0,
+            ..Limits::default()
+        };
+        assert_eq!(
+            l.validate(),
+            Err(LimitsError("sessions_max must be at least 1"))
+        );
     }
 }

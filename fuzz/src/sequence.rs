@@ -348,8 +348,9 @@ fn principal(i: usize) -> Principal {
     }
 }
 
-/// Limits small enough that fuzzing reaches every one of them.
-pub fn tight_limits() -> Limits {
+/// Limits small enough that fuzzing reaches every one of them; the session limit is
+/// [`SESSION_LIMITS`] by `session_limit` (mod 4).
+pub fn tight_limits(session_limit: u8) -> Limits {
     Limits {
         connections_max: 4,
         subscriptions_per_conn_max: 3,
@@ -371,8 +372,7 @@ pub fn tight_limits() -> Limits {
         relay_timeout_ms: 500,
         relay_timeout_ms_max: 2_000,
         idle_client_ids_per_principal: 2,
-        // Below the three pool sessions, so creating the third is refused.
-        sessions_max: 2,
+        sessions_max: SESSION_LIMITS[usize::from(session_limit & 3)],
     }
 }
 
@@ -444,10 +444,7 @@ struct World {
 impl World {
     fn new(script: &Script) -> World {
         let limits = if script.tight {
-            Limits {
-                sessions_max: SESSION_LIMITS[usize::from(script.session_limit & 3)],
-                ..tight_limits()
-            }
+            tight_limits(script.session_limit)
         } else {
             Limits::default()
         };

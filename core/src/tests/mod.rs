@@ -67,6 +67,12 @@ impl Harness {
     }
 
     fn send_raw(&mut self, conn: u64, text: &str) -> Vec<(u64, Value)> {
+        self.feed(conn, text);
+        self.drain()
+    }
+
+    /// Hands `text` from `conn` to the host and leaves its outputs queued.
+    fn feed(&mut self, conn: u64, text: &str) {
         let now = self.now();
         self.host.handle(
             now,
@@ -75,7 +81,6 @@ impl Harness {
                 text,
             },
         );
-        self.drain()
     }
 
     /// Drains outputs; frames are acknowledged as flushed at once. Closes appear as `{"close": code}`.
@@ -846,37 +851,16 @@ fn a_slow_consumer_is_closed_not_starved() {
     h.init(1, Principal::maintainer("m"), "c1", &[]);
     h.create(1, "s1");
     h.connect(2, Principal::maintainer("m"));
-    let now = h.now();
     let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"c2","initialSubscriptions":["ahp-chat:/s1"]}}).to_string();
-    h.host.handle(
-        now,
-        Input::Message {
-            conn: ConnId(2),
-            text: &init,
-        },
-    );
+    h.feed(2, &init);
     // Connection 2 never reports anything flushed.
     let mut closed = false;
     for seq in 1..40u64 {
         let id = format!("t{seq}");
-        let now = h.now();
         let msg = json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-chat:/s1","clientSeq":seq*2,"action":turn(&id,"x")}}).to_string();
-        h.host.handle(
-            now,
-            Input::Message {
-                conn: ConnId(1),
-                text: &msg,
-            },
-        );
-        let now = h.now();
+        h.feed(1, &msg);
         let cancel = json!({"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-chat:/s1","clientSeq":seq*2+1,"action":{"type":"chat/turnCancelled","turnId":id,"duration":1}}}).to_string();
-        h.host.handle(
-            now,
-            Input::Message {
-                conn: ConnId(1),
-                text: &cancel,
-            },
-        );
+        h.feed(1, &cancel);
         while let Some(o) = h.host.poll_output() {
             if let Output::Close {
                 conn: ConnId(2),

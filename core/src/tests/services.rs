@@ -207,17 +207,10 @@ fn a_notification_is_one_frame_in_and_one_frame_out_with_params_verbatim() {
         "notifications allocate no request state"
     );
     // The params bytes are forwarded as received.
-    let now = h.now();
     let text = format!(
         r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{{"channel":"{CATALOG}","serviceId":"{id}","method":"m","params":{params}}}}}"#
     );
-    h.host.handle(
-        now,
-        crate::Input::Message {
-            conn: ConnId(2),
-            text: text.as_str(),
-        },
-    );
+    h.feed(2, &text);
     match h.host.poll_output() {
         Some(crate::Output::Send { frame, .. }) => {
             assert!(frame.as_str().contains(params), "{}", frame.as_str())
@@ -240,14 +233,7 @@ fn a_recycled_frame_carries_the_next_notification() {
         r#"{{"jsonrpc":"2.0","method":"clientService/notify","params":{{"channel":"{CATALOG}","serviceId":"{id}","method":"m","params":{{"n":1}}}}}}"#
     );
     let forward = |h: &mut Harness| {
-        let now = h.now();
-        h.host.handle(
-            now,
-            crate::Input::Message {
-                conn: ConnId(2),
-                text: text.as_str(),
-            },
-        );
+        h.feed(2, &text);
         match h.host.poll_output() {
             Some(crate::Output::Send {
                 conn: ConnId(1),
@@ -930,14 +916,7 @@ fn the_host_holds_at_most_services_max_services() {
 /// Sends `text` from `conn` and returns every frame the host sends in response, as raw text,
 /// checking that each one is JSON a `serde_json` reader (most clients) can parse.
 fn send_and_read_raw(h: &mut Harness, conn: u64, text: &str) -> Vec<(u64, Value)> {
-    let now = h.now();
-    h.host.handle(
-        now,
-        crate::Input::Message {
-            conn: ConnId(conn),
-            text,
-        },
-    );
+    h.feed(conn, text);
     let mut out = Vec::new();
     while let Some(o) = h.host.poll_output() {
         if let crate::Output::Send { conn, frame } = o {
