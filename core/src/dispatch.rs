@@ -28,7 +28,7 @@ use crate::host::{parse_params, Host};
 use crate::limits::ACTION_DEPTH_MAX;
 use crate::principal::Role;
 use crate::sequencer::Sequenced;
-use crate::session::{SessionEntry, Touched, Which};
+use crate::session::{turn_cost, SessionEntry, Touched, Which, HOST_TURN_ID_BYTES};
 use crate::store::{Change, ClientRecord, Event, Receipt, Store};
 use crate::time::iso8601;
 use crate::wire;
@@ -53,10 +53,13 @@ pub(crate) struct Tx {
     mutated: bool,
     /// Title, summary status and `modifiedAt` before the change, for root notifications.
     summary_before: (String, u32, String),
+    /// The chat's `chat_bytes` before the change, so the host-wide total follows it.
+    chat_bytes_before: u64,
 }
 
 impl Tx {
     pub(crate) fn new(entry: SessionEntry, base_seq: u64) -> Tx {
+        let entry_chat_bytes = entry.chat_bytes;
         let summary_before = (
             entry.session.title.clone(),
             entry.summary_status(),
@@ -69,6 +72,7 @@ impl Tx {
             base_seq,
             mutated: false,
             summary_before,
+            chat_bytes_before: entry_chat_bytes,
         }
     }
 
@@ -90,7 +94,7 @@ impl Tx {
             ReduceOutcome::Applied | ReduceOutcome::NoOp => {
                 self.mutated = true;
                 if let StateAction::ChatTurnStarted(a) = &action {
-                    self.entry.turn_ids.insert(a.turn_id.clone());
+                    self.entry.turn_started(&a.turn_id, &a.message);
                 }
             }
             // Both leave the state as it was.
@@ -398,6 +402,7 @@ impl<S: Store> Host<S> {
                 if a.message.origin.kind != MessageKind::User {
                     return Err(RpcError::forbidden("Only user messages are accepted"));
                 }
+                self.chat_room(tx, turn_cost(a.turn_id.len(), &a.message))?;
                 // The host's clock decides when a turn started.
                 a.started_at = iso8601(now_ms);
                 tx.emit(Which::Chat, StateAction::ChatTurnStarted(a), Some(origin))
@@ -417,6 +422,10 @@ impl<S: Store> Host<S> {
                 {
                     return Err(RpcError::limit("Pending message limit reached"));
                 }
+                // A pending message is only ever started as a turn, with an id the host makes.
+                // Refused now if it could not be: the turns' cost never goes down, so a message
+                // that does not fit now never will.
+                self.chat_room(tx, turn_cost(HOST_TURN_ID_BYTES, &a.message))?;
                 let steering = a.kind == PendingMessageKind::Steering;
                 tx.emit(
                     Which::Chat,
@@ -453,7 +462,10 @@ impl<S: Store> Host<S> {
                     Which::Chat,
                     StateAction::ChatPendingMessageRemoved(a),
                     Some(origin),
-                )
+                )?;
+                // An idle chat holds pending messages only when the next one did not fit the
+                // chat limits; with it removed, the one after may.
+                self.next_turn(tx, now_ms)
             }
             StateAction::ChatTurnCancelled(mut a) => {
                 let Some(active) = chat.active_turn.as_ref().filter(|t| t.id == a.turn_id) else {
@@ -480,6 +492,23 @@ impl<S: Store> Host<S> {
         }
     }
 
+    /// Refuses a turn costing `cost` that would take the chat past `chat_bytes_max` or all
+    /// chats past `chat_bytes_total_max`.
+    fn chat_room(&self, tx: &Tx, cost: u64) -> Result<(), RpcError> {
+        let limits = &self.config.limits;
+        if tx.entry.chat_bytes + cost > limits.chat_bytes_max {
+            return Err(RpcError::limit(
+                "Chat size limit reached; continue in a new session",
+            ));
+        }
+        // The host's total still counts the chat as it was before this change.
+        let total = self.chat_bytes_total - tx.chat_bytes_before + tx.entry.chat_bytes;
+        if total + cost > limits.chat_bytes_total_max {
+            return Err(RpcError::limit("Host chat storage limit reached"));
+        }
+        Ok(())
+    }
+
     /// Starts the next pending message as a turn when the chat is idle.
     fn next_turn(&mut self, tx: &mut Tx, now_ms: u64) -> Result<(), RpcError> {
         let chat = &tx.entry.chat;
@@ -495,6 +524,14 @@ impl<S: Store> Host<S> {
             (None, None) => return Ok(()),
         };
         let (kind, pending) = next;
+        // A message that no longer fits (other turns took the room since it was accepted)
+        // waits, pending, until it is removed; the chat stays idle.
+        if self
+            .chat_room(tx, turn_cost(HOST_TURN_ID_BYTES, &pending.message))
+            .is_err()
+        {
+            return Ok(());
+        }
         let removed = ChatPendingMessageRemovedAction {
             kind,
             id: pending.id.clone(),
@@ -559,6 +596,7 @@ impl<S: Store> Host<S> {
             self.bindings.insert(c);
         }
         let id = tx.entry.id.clone();
+        self.chat_bytes_total = self.chat_bytes_total - tx.chat_bytes_before + tx.entry.chat_bytes;
         self.sessions.insert(id.clone(), tx.entry);
         for event in change.events {
             let frame = wire::notification_frame("action", &event.envelope);

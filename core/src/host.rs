@@ -164,6 +164,8 @@ pub struct Host<S: Store> {
     pub(crate) services: Services,
     pub(crate) relay: Relay,
     pub(crate) frame_pool: FramePool,
+    /// The sum of every session's `chat_bytes`, held against `chat_bytes_total_max`.
+    pub(crate) chat_bytes_total: u64,
     /// Latest `now` seen; `wall_unix_ms` is a high-water mark so timestamps never go back.
     pub(crate) now: Now,
     pub(crate) stats: Stats,
@@ -192,6 +194,8 @@ impl<S: Store> Host<S> {
             .unwrap_or(0);
         let services = Services::new(&config.trust_groups);
         let bindings = ClientBindings::load(loaded.clients);
+        // A store over lowered chat limits loads whole; only new turns are refused.
+        let chat_bytes_total = sessions.values().map(|e| e.chat_bytes).sum();
         Ok(Host {
             seq: Sequencer::new(
                 loaded.server_seq,
@@ -211,6 +215,7 @@ impl<S: Store> Host<S> {
             services,
             relay: Relay::default(),
             frame_pool: FramePool::default(),
+            chat_bytes_total,
             // Timestamps already handed out and stored; new ones never go below them.
             now: Now {
                 mono: Instant(0),
@@ -318,6 +323,48 @@ impl<S: Store> Host<S> {
     /// (A) Sessions the host holds, open and closed.
     pub fn session_count(&self) -> usize {
         self.sessions.len()
+    }
+
+    /// (A) What the turns of all chats cost against `chat_bytes_total_max`.
+    pub fn chat_bytes_total(&self) -> u64 {
+        self.chat_bytes_total
+    }
+
+    /// (A) Recounts what every chat's turns cost and compares it with the running counts the
+    /// chat limits are enforced on; the simulator calls it after each step. Returns the first
+    /// mismatch, or a chat over `chat_bytes_max` (the limit only ever refuses, so with the limits
+    /// the store was written under, none can be).
+    pub fn audit_chat_bytes(&self) -> Result<(), String> {
+        let mut total = 0;
+        for (id, entry) in &self.sessions {
+            let counted = session::chat_cost(&entry.chat);
+            if counted != entry.chat_bytes {
+                return Err(format!(
+                    "session {id}: its turns cost {counted} bytes but {} are charged",
+                    entry.chat_bytes
+                ));
+            }
+            if counted > self.config.limits.chat_bytes_max {
+                return Err(format!(
+                    "session {id}: its turns cost {counted} bytes, over chat_bytes_max {}",
+                    self.config.limits.chat_bytes_max
+                ));
+            }
+            total += counted;
+        }
+        if total != self.chat_bytes_total {
+            return Err(format!(
+                "the chats' turns cost {total} bytes but {} are charged",
+                self.chat_bytes_total
+            ));
+        }
+        if total > self.config.limits.chat_bytes_total_max {
+            return Err(format!(
+                "the chats' turns cost {total} bytes, over chat_bytes_total_max {}",
+                self.config.limits.chat_bytes_total_max
+            ));
+        }
+        Ok(())
     }
 
     /// (A) The last assigned `serverSeq`.

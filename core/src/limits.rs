@@ -59,6 +59,18 @@ pub struct Limits {
     /// already holds more (the limit was lowered) is loaded whole; only creating is refused.
     /// The AXP host has no such bound.
     pub sessions_max: u32,
+    /// What one chat's turns may cost, in bytes: each turn is charged the JSON bytes of its
+    /// message, its id and 128 bytes for its other fields. A turn that would pass it is
+    /// refused with `-32043`, and so is a pending message that could no longer start as one.
+    /// Turns are the durable history and are never removed, so a full chat stays full: its
+    /// work continues in a new session. Keeps a chat's snapshot well inside the 16 MiB frames
+    /// common WebSocket clients read. The AXP host has no such bound.
+    pub chat_bytes_max: u64,
+    /// What the turns of all chats together may cost (as for `chat_bytes_max`); `-32043` above.
+    /// The host keeps every chat in memory, so this bounds the memory chats take whatever the
+    /// number of sessions: measured, 1.3 bytes of RSS per byte charged for turns of 2 KB
+    /// messages, 3.2 for turns of 20-byte ones (`io/examples/chat_memory.rs`).
+    pub chat_bytes_total_max: u64,
 }
 
 /// Defaults, named so tests and docs can cite them.
@@ -83,6 +95,10 @@ pub const DEFAULT_IDLE_CLIENT_IDS_PER_PRINCIPAL: u32 = 4096;
 /// See [`Limits::sessions_max`]. A fresh session costs the host ~6 KB of memory (2,000 of them
 /// added 11.7 MB of RSS, SQLite's cache included), so ~60 MB at this limit before chats grow.
 pub const DEFAULT_SESSIONS_MAX: u32 = 10_000;
+/// See [`Limits::chat_bytes_max`]: 128 turns of the largest message, thousands of typical ones.
+pub const DEFAULT_CHAT_BYTES_MAX: u64 = 8 * 1024 * 1024;
+/// See [`Limits::chat_bytes_total_max`]: at most ~1.7 GB of RSS, ~0.7 GB for turns of 2 KB.
+pub const DEFAULT_CHAT_BYTES_TOTAL_MAX: u64 = 512 * 1024 * 1024;
 /// See [`Limits::service_payload_bytes_max`].
 pub const DEFAULT_SERVICE_PAYLOAD_BYTES_MAX: u32 = 1024 * 1024;
 /// Envelope room around a client-service payload (ids, method, metadata of the message).
@@ -158,6 +174,8 @@ impl Default for Limits {
             relay_timeout_ms_max: 300_000,
             idle_client_ids_per_principal: DEFAULT_IDLE_CLIENT_IDS_PER_PRINCIPAL,
             sessions_max: DEFAULT_SESSIONS_MAX,
+            chat_bytes_max: DEFAULT_CHAT_BYTES_MAX,
+            chat_bytes_total_max: DEFAULT_CHAT_BYTES_TOTAL_MAX,
         }
     }
 }
@@ -224,6 +242,14 @@ impl Limits {
         if self.sessions_max == 0 {
             return Err(LimitsError("sessions_max must be at least 1"));
         }
+        if self.chat_bytes_max < 1024 {
+            return Err(LimitsError("chat_bytes_max must be at least 1024"));
+        }
+        if self.chat_bytes_total_max < self.chat_bytes_max {
+            return Err(LimitsError(
+                "chat_bytes_total_max must be at least chat_bytes_max",
+            ));
+        }
         if self.service_method_bytes_max == 0 || self.services_per_conn_max == 0 {
             return Err(LimitsError("service limits must be positive"));
         }
@@ -271,6 +297,8 @@ mod tests {
         assert_eq!(l.relay_timeout_ms, 30_000);
         assert_eq!(l.relay_timeout_ms_max, 300_000);
         assert_eq!(l.sessions_max, 10_000);
+        assert_eq!(l.chat_bytes_max, 8 * 1024 * 1024);
+        assert_eq!(l.chat_bytes_total_max, 512 * 1024 * 1024);
     }
 
     #[test]
@@ -297,6 +325,24 @@ mod tests {
         assert_eq!(
             l.validate(),
             Err(LimitsError("sessions_max must be at least 1"))
+        );
+        let l = Limits {
+            chat_bytes_max: 1023,
+            ..Limits::default()
+        };
+        assert_eq!(
+            l.validate(),
+            Err(LimitsError("chat_bytes_max must be at least 1024"))
+        );
+        let l = Limits {
+            chat_bytes_total_max: DEFAULT_CHAT_BYTES_MAX - 1,
+            ..Limits::default()
+        };
+        assert_eq!(
+            l.validate(),
+            Err(LimitsError(
+                "chat_bytes_total_max must be at least chat_bytes_max"
+            ))
         );
     }
 }

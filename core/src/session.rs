@@ -2,7 +2,7 @@
 //! `ahp-chat:/ID` and its changeset `ahp-changeset:/ID`, shaped as the AXP host creates them.
 
 use ahp_types::state::{
-    AgentInfo, ChangesetState, ChangesetStatus, ChatState, ChatSummary, RootState,
+    AgentInfo, ChangesetState, ChangesetStatus, ChatState, ChatSummary, Message, RootState,
     SessionLifecycle, SessionState, SessionSummary,
 };
 use serde::{Deserialize, Serialize};
@@ -55,6 +55,52 @@ pub(crate) struct SessionEntry {
     pub(crate) checkpoint_bytes: usize,
     /// Every turn id this chat has used (memory only), so "turn id unused" is not a scan.
     pub(crate) turn_ids: std::collections::BTreeSet<String>,
+    /// What this chat's turns cost against `chat_bytes_max`: the sum of [`turn_cost`] over
+    /// every turn it started (memory only; recomputed at load).
+    pub(crate) chat_bytes: u64,
+}
+
+/// Bytes a turn is charged beyond its id and message: the fields every turn carries (`state`,
+/// `startedAt`, `duration`, `responseParts`, their keys), so a chat of empty turns is bounded
+/// too. A cancelled turn of this host serializes those in ~100 bytes.
+pub(crate) const TURN_OVERHEAD_BYTES: u64 = 128;
+
+/// Length of the turn ids the host makes (`next_turn`): a hyphenated UUID.
+pub(crate) const HOST_TURN_ID_BYTES: usize = 36;
+
+/// What a turn costs against the chat limits: the JSON bytes of its message, the bytes of its
+/// id and [`TURN_OVERHEAD_BYTES`]. A turn keeps its id and message for life (turns are never
+/// removed and this host adds no response parts), so the cost is fixed when the turn starts.
+pub(crate) fn turn_cost(id_len: usize, message: &Message) -> u64 {
+    /// Counts what serde writes, without keeping it.
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a typed message into a counter cannot fail (every map key is a string).
+    let _ = serde_json::to_writer(&mut count, message);
+    count.0 + id_len as u64 + TURN_OVERHEAD_BYTES
+}
+
+/// The cost of every turn `chat` holds, counted afresh: what `SessionEntry::chat_bytes` must
+/// equal.
+pub(crate) fn chat_cost(chat: &ChatState) -> u64 {
+    chat.turns
+        .iter()
+        .map(|t| turn_cost(t.id.len(), &t.message))
+        .chain(
+            chat.active_turn
+                .iter()
+                .map(|t| turn_cost(t.id.len(), &t.message)),
+        )
+        .sum()
 }
 
 /// Which of a session's states a change touched, so only those are rewritten.
@@ -137,7 +183,14 @@ impl SessionEntry {
             bytes_since_checkpoint: 0,
             checkpoint_bytes: 0,
             turn_ids: Default::default(),
+            chat_bytes: 0,
         }
+    }
+
+    /// Notes a turn the chat just started: its id is used for good and its cost is charged.
+    pub(crate) fn turn_started(&mut self, id: &str, message: &Message) {
+        self.turn_ids.insert(id.to_owned());
+        self.chat_bytes += turn_cost(id.len(), message);
     }
 
     /// Whether the events since the last rewrite now justify rewriting the states.
@@ -216,6 +269,7 @@ impl SessionEntry {
             id: id.to_owned(),
             meta: serde_json::from_str(&texts[0]).ok()?,
             session: serde_json::from_str(&texts[1]).ok()?,
+            chat_bytes: chat_cost(&chat),
             chat,
             changeset: serde_json::from_str(&texts[3]).ok()?,
             bytes_since_checkpoint: 0,
@@ -245,7 +299,7 @@ impl SessionEntry {
         };
         self.bytes_since_checkpoint += envelope.len();
         if let ahp_types::actions::StateAction::ChatTurnStarted(a) = &env.action {
-            self.turn_ids.insert(a.turn_id.clone());
+            self.turn_started(&a.turn_id, &a.message);
         }
         (outcome != ahp::reducers::ReduceOutcome::OutOfScope).then_some(())
     }

@@ -433,6 +433,44 @@ fn host_sequence() {
             },
         ),
         (
+            // Three short turns and two pending messages fill s1's chat (1024 bytes); s2's
+            // turns then fill the host (1536); a restart recounts both.
+            "chat-limits",
+            Script {
+                tight: true,
+                close_at_once: true,
+                session_limit: 0,
+                ops: {
+                    let dispatch =
+                        |b: u8, c: u8, d: u8| notify(0, Method::DispatchAction, [0, b, c, d]);
+                    let mut ops = vec![
+                        connect(0),
+                        call(0, Method::CreateSession, 1, [0, 8, 3, 0]),
+                        call(0, Method::CreateSession, 2, [0, 24, 3, 0]),
+                        call(0, Method::Subscribe, 3, [0, 5, 0, 0]),
+                    ];
+                    for chat in [5, 21] {
+                        for d in 1..=3 {
+                            ops.push(dispatch(chat, 0, d));
+                            ops.push(dispatch(chat, 5, d));
+                        }
+                        // Queued starts at once on an idle chat, steering interrupts it.
+                        ops.extend([
+                            dispatch(chat, 3, 1),
+                            dispatch(chat, 3, 2),
+                            dispatch(chat, 3, 4),
+                        ]);
+                    }
+                    ops.extend([
+                        Op::Restart { fail_commits: 0 },
+                        connect(0),
+                        notify(1, Method::DispatchAction, [0, 5, 3, 6]),
+                    ]);
+                    ops
+                },
+            },
+        ),
+        (
             "handshake",
             Script {
                 tight: false,

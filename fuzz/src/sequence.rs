@@ -373,6 +373,9 @@ pub fn tight_limits(session_limit: u8) -> Limits {
         relay_timeout_ms_max: 2_000,
         idle_client_ids_per_principal: 2,
         sessions_max: SESSION_LIMITS[usize::from(session_limit & 3)],
+        // A chat fills after about five short turns, two chats fill the host.
+        chat_bytes_max: 1024,
+        chat_bytes_total_max: 1536,
     }
 }
 
@@ -762,6 +765,8 @@ impl World {
     }
 
     fn restart(&mut self, fail_commits: u32) {
+        // What the chats' turns cost is recounted from the store as it was counted live.
+        let charged = self.host.chat_bytes_total();
         let host = std::mem::replace(
             &mut self.host,
             Host::new(self.config.clone(), MemStore::new(), 0).expect("host"),
@@ -771,6 +776,11 @@ impl World {
         self.seed += 1;
         self.host = Host::new(self.config.clone(), store, self.seed)
             .unwrap_or_else(|e| panic!("restart over the store failed: {e}"));
+        assert_eq!(
+            self.host.chat_bytes_total(),
+            charged,
+            "chat bytes after a restart"
+        );
         self.trace.extend_from_slice(b"restart\n");
         self.sends_this_host = 0;
         // Every transport died with the old host.
@@ -979,6 +989,7 @@ impl World {
         );
         assert!(self.host.poll_output().is_none());
         self.check_bindings();
+        assert_eq!(self.host.audit_chat_bytes(), Ok(()));
     }
 
     /// The clientId bindings in memory are the ones the store holds, and no principal keeps

@@ -477,6 +477,8 @@ raw_limits! {
     relay_timeout_ms_max: u64,
     idle_client_ids_per_principal: u32,
     sessions_max: u32,
+    chat_bytes_max: u64,
+    chat_bytes_total_max: u64,
 }
 
 impl RawLimits {

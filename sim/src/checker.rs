@@ -300,6 +300,7 @@ impl Checker {
         }
         bindings(host)?;
         if epoch != self.cache_epoch {
+            host.audit_chat_bytes()?;
             self.host_cache.clear();
             self.cache_epoch = epoch;
         }

@@ -268,6 +268,8 @@ pub struct ClientStats {
     pub applied: u64,
     /// Rejection echoes received.
     pub rejections: u64,
+    /// Of those, refusals by the chat limits (`chat_bytes_max`, `chat_bytes_total_max`).
+    pub chat_limit_rejections: u64,
     /// Own dispatches seen accepted.
     pub accepted: u64,
     /// Envelopes received inside `reconnect` replays.

@@ -380,6 +380,17 @@ impl Options {
         if Ratio::new(1, 4).hit(&mut later) {
             options.limits.sessions_max = later.random_range(1..=options.session_pool);
         }
+        // Chat limits a few turns deep, so some chats fill and some messages wait: per chat in
+        // a quarter of the seeds, for all chats together in an eighth.
+        if Ratio::new(1, 4).hit(&mut later) {
+            let chat = later.random_range(1024..=4096);
+            options.limits.chat_bytes_max = chat;
+        }
+        if Ratio::new(1, 8).hit(&mut later) {
+            let total = later.random_range(1024..=4096 * u64::from(options.session_pool));
+            options.limits.chat_bytes_total_max = total;
+            options.limits.chat_bytes_max = options.limits.chat_bytes_max.min(total);
+        }
         options
     }
 

@@ -722,6 +722,11 @@ impl SimClient {
             .get("rejectionReason")
             .and_then(Value::as_str)
             .map(str::to_owned);
+        if self.stats.last_rejection.as_deref().is_some_and(|r| {
+            r.starts_with("Chat size limit reached") || r == "Host chat storage limit reached"
+        }) {
+            self.stats.chat_limit_rejections += 1;
+        }
         Ok(())
     }
 

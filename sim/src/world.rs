@@ -989,7 +989,14 @@ impl World {
             echoes: (sum(|c| c.stats.rejections), sum(|c| c.stats.accepted)),
             store_faults,
             clock_regressions: self.checker.clock_regressions,
-            services: self.checker.services.tally.clone(),
+            services: {
+                let mut tally = self.checker.services.tally.clone();
+                let chat_limits = sum(|c| c.stats.chat_limit_rejections);
+                if chat_limits > 0 {
+                    tally.insert("chat actions refused: chat limits", chat_limits);
+                }
+                tally
+            },
         }
     }
 }

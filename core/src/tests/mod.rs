@@ -681,6 +681,177 @@ fn the_session_limit_refuses_creates_and_a_lowered_limit_still_loads_everything(
     assert_eq!(h.host.session_count(), 3);
 }
 
+/// What a turn of `text` under `id` costs against the chat limits: its message's JSON, its id
+/// and 128 bytes (see `Limits::chat_bytes_max`).
+fn turn_cost(id: &str, text: &str) -> u64 {
+    let message = json!({"text": text, "origin": {"kind": "user"}});
+    (message.to_string().len() + id.len()) as u64 + 128
+}
+
+fn chat_limited(chat_bytes_max: u64, chat_bytes_total_max: u64) -> HostConfig {
+    HostConfig {
+        limits: Limits {
+            chat_bytes_max,
+            chat_bytes_total_max,
+            ..Limits::default()
+        },
+        ..HostConfig::default()
+    }
+}
+
+#[test]
+fn a_full_chat_refuses_turns_and_pending_messages_and_a_restart_counts_the_same() {
+    let mut h = Harness::with(chat_limited(1024, 1 << 20), MemStore::new());
+    h.open_chat(&[]);
+    let big = "x".repeat(400);
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", &big));
+    let cancel = |id: &str| json!({"type":"chat/turnCancelled","turnId":id,"duration":1});
+    h.dispatch(1, "ahp-chat:/s1", 2, cancel("t1"));
+    let used = turn_cost("t1", &big);
+    assert_eq!(h.host.chat_bytes_total(), used);
+
+    // A turn that would pass the limit: refused to the sender only, nothing committed.
+    let seq = h.host.server_seq();
+    let medium = "y".repeat(300);
+    assert!(used + turn_cost("t2", &medium) > 1024);
+    let out = h.dispatch(1, "ahp-chat:/s1", 3, turn("t2", &medium));
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(
+        out[0].1["params"]["rejectionReason"],
+        "Chat size limit reached; continue in a new session"
+    );
+    assert_eq!(h.host.server_seq(), seq);
+    assert_eq!(h.host.chat_bytes_total(), used);
+
+    // A smaller one fits, and takes the chat to its limit's edge.
+    assert!(used + turn_cost("t2", "hi") <= 1024);
+    let out = h.dispatch(1, "ahp-chat:/s1", 4, turn("t2", "hi"));
+    assert!(
+        out.iter()
+            .all(|(_, m)| m["params"]["rejectionReason"].is_null()),
+        "{out:?}"
+    );
+    let used = used + turn_cost("t2", "hi");
+    assert_eq!(h.host.chat_bytes_total(), used);
+
+    // A pending message is charged as the turn it would become (a 36-byte host id): one
+    // that could never start is refused now rather than left waiting.
+    let pending = |kind: &str, id: &str, text: &str| json!({"type":"chat/pendingMessageSet","kind":kind,"id":id,"message":{"text":text,"origin":{"kind":"user"}}});
+    let host_id = "00000000-0000-0000-0000-000000000000";
+    let text = "z".repeat(usize::try_from(1024 - used - turn_cost(host_id, "")).unwrap_or(0) + 1);
+    for kind in ["queued", "steering"] {
+        let out = h.dispatch(1, "ahp-chat:/s1", 5, pending(kind, "m1", &text));
+        assert_eq!(
+            out[0].1["params"]["rejectionReason"],
+            "Chat size limit reached; continue in a new session",
+            "{kind}"
+        );
+    }
+    // One byte less fits: queued behind the running turn, it starts when that is cancelled.
+    let text = &text[1..];
+    h.dispatch(1, "ahp-chat:/s1", 6, pending("queued", "m1", text));
+    h.dispatch(1, "ahp-chat:/s1", 7, cancel("t2"));
+    let chat = h.host.channel_state("ahp-chat:/s1").unwrap_or_default();
+    assert_eq!(chat["activeTurn"]["message"]["text"], text);
+    assert_eq!(h.host.chat_bytes_total(), 1024);
+    assert_eq!(h.host.audit_chat_bytes(), Ok(()));
+
+    // A restart counts the same from the store, and keeps refusing.
+    let store = h.host.into_store();
+    let mut h = Harness::with(chat_limited(1024, 1 << 20), store);
+    assert_eq!(h.host.chat_bytes_total(), 1024);
+    assert_eq!(h.host.audit_chat_bytes(), Ok(()));
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-chat:/s1"]);
+    let active = h
+        .host
+        .channel_state("ahp-chat:/s1")
+        .map(|c| c["activeTurn"]["id"].clone())
+        .unwrap_or_default();
+    h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        8,
+        json!({"type":"chat/turnCancelled","turnId":active,"duration":1}),
+    );
+    let out = h.dispatch(1, "ahp-chat:/s1", 9, turn("t3", ""));
+    assert_eq!(
+        out[0].1["params"]["rejectionReason"],
+        "Chat size limit reached; continue in a new session"
+    );
+    // Other sessions have their own room.
+    h.create(1, "s2");
+    let out = h.dispatch(1, "ahp-chat:/s2", 10, turn("t1", &big));
+    assert!(
+        out.iter()
+            .all(|(_, m)| m["params"]["rejectionReason"].is_null()),
+        "{out:?}"
+    );
+
+    // Limits lowered below what the store holds: everything loads, no turn starts.
+    let store = h.host.into_store();
+    let mut h = Harness::with(chat_limited(1024, 1100), store);
+    assert_eq!(h.host.chat_bytes_total(), 1024 + turn_cost("t1", &big));
+    h.init(1, Principal::maintainer("m"), "c1", &[]);
+    h.create(1, "s3");
+    let out = h.dispatch(1, "ahp-chat:/s3", 11, turn("t1", "hi"));
+    assert_eq!(
+        out[0].1["params"]["rejectionReason"],
+        "Host chat storage limit reached"
+    );
+}
+
+#[test]
+fn a_pending_message_that_no_longer_fits_waits_and_the_next_starts_once_it_is_removed() {
+    // Room for all chats together is what runs out: another session takes it while a
+    // message waits in the queue.
+    let big = "b".repeat(600);
+    let host_id = "00000000-0000-0000-0000-000000000000";
+    // Room for t1, s2's turn and "b", not for "a" as well; "a" fits until s2's turn starts.
+    let total = turn_cost("t1", "") + turn_cost("u1", &big) + turn_cost(host_id, "") + 10;
+    assert!(turn_cost("t1", "") + turn_cost(host_id, &big) <= total);
+    let mut h = Harness::with(chat_limited(total, total), MemStore::new());
+    h.open_chat(&[]);
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", ""));
+    let pending = |id: &str, text: &str| json!({"type":"chat/pendingMessageSet","kind":"queued","id":id,"message":{"text":text,"origin":{"kind":"user"}}});
+    h.dispatch(1, "ahp-chat:/s1", 2, pending("a", &big));
+    h.dispatch(1, "ahp-chat:/s1", 3, pending("b", ""));
+    // Another session's turn leaves too little room for "a", enough for "b".
+    h.create(1, "s2");
+    h.dispatch(1, "ahp-chat:/s2", 4, turn("u1", &big));
+    let out = h.dispatch(1, "ahp-chat:/s2", 5, pending("c", &"c".repeat(100)));
+    assert_eq!(
+        out[0].1["params"]["rejectionReason"],
+        "Host chat storage limit reached"
+    );
+    // Cancelling t1 leaves s1 idle: "a" does not fit and waits, "b" waits behind it.
+    let out = h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        6,
+        json!({"type":"chat/turnCancelled","turnId":"t1","duration":1}),
+    );
+    assert!(
+        out.iter()
+            .all(|(_, m)| m["params"]["rejectionReason"].is_null()),
+        "{out:?}"
+    );
+    let chat = h.host.channel_state("ahp-chat:/s1").unwrap_or_default();
+    assert!(chat["activeTurn"].is_null(), "{chat}");
+    assert_eq!(chat["queuedMessages"].as_array().map(Vec::len), Some(2));
+    // Removing "a" lets "b" start.
+    h.dispatch(
+        1,
+        "ahp-chat:/s1",
+        7,
+        json!({"type":"chat/pendingMessageRemoved","kind":"queued","id":"a"}),
+    );
+    let chat = h.host.channel_state("ahp-chat:/s1").unwrap_or_default();
+    assert_eq!(chat["activeTurn"]["message"]["text"], "");
+    assert!(chat["queuedMessages"].is_null(), "{chat}");
+    assert_eq!(h.host.audit_chat_bytes(), Ok(()));
+    assert!(h.host.chat_bytes_total() <= total);
+}
+
 #[test]
 fn reconnect_replays_or_snapshots_and_reports_missing() {
     let mut h = Harness::limits(Limits {
