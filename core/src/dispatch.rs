@@ -28,7 +28,7 @@ use crate::host::{parse_params, Host};
 use crate::limits::ACTION_DEPTH_MAX;
 use crate::principal::Role;
 use crate::sequencer::Sequenced;
-use crate::session::{turn_cost, SessionEntry, Touched, Which, HOST_TURN_ID_BYTES};
+use crate::session::{turn_cost, SessionEntry, Touched, Which, HOST_TURN_ID_SHAPE};
 use crate::store::{Change, ClientRecord, Event, Receipt, Store};
 use crate::time::iso8601;
 use crate::wire;
@@ -402,7 +402,7 @@ impl<S: Store> Host<S> {
                 if a.message.origin.kind != MessageKind::User {
                     return Err(RpcError::forbidden("Only user messages are accepted"));
                 }
-                self.chat_room(tx, turn_cost(a.turn_id.len(), &a.message))?;
+                self.chat_room(tx, turn_cost(&a.turn_id, &a.message))?;
                 // The host's clock decides when a turn started.
                 a.started_at = iso8601(now_ms);
                 tx.emit(Which::Chat, StateAction::ChatTurnStarted(a), Some(origin))
@@ -425,7 +425,7 @@ impl<S: Store> Host<S> {
                 // A pending message is only ever started as a turn, with an id the host makes.
                 // Refused now if it could not be: the turns' cost never goes down, so a message
                 // that does not fit now never will.
-                self.chat_room(tx, turn_cost(HOST_TURN_ID_BYTES, &a.message))?;
+                self.chat_room(tx, turn_cost(HOST_TURN_ID_SHAPE, &a.message))?;
                 let steering = a.kind == PendingMessageKind::Steering;
                 tx.emit(
                     Which::Chat,
@@ -527,7 +527,7 @@ impl<S: Store> Host<S> {
         // A message that no longer fits (other turns took the room since it was accepted)
         // waits, pending, until it is removed; the chat stays idle.
         if self
-            .chat_room(tx, turn_cost(HOST_TURN_ID_BYTES, &pending.message))
+            .chat_room(tx, turn_cost(HOST_TURN_ID_SHAPE, &pending.message))
             .is_err()
         {
             return Ok(());

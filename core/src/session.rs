@@ -62,16 +62,18 @@ pub(crate) struct SessionEntry {
 
 /// Bytes a turn is charged beyond its id and message: the fields every turn carries (`state`,
 /// `startedAt`, `duration`, `responseParts`, their keys), so a chat of empty turns is bounded
-/// too. A cancelled turn of this host serializes those in ~100 bytes.
+/// too. A cancelled turn of this host serializes those in ~110 bytes.
 pub(crate) const TURN_OVERHEAD_BYTES: u64 = 128;
 
-/// Length of the turn ids the host makes (`next_turn`): a hyphenated UUID.
-pub(crate) const HOST_TURN_ID_BYTES: usize = 36;
+/// A turn id of the shape the host makes (`next_turn`, a hyphenated UUID), for charging a
+/// pending message as the turn it would become: every such id has this JSON length.
+pub(crate) const HOST_TURN_ID_SHAPE: &str = "00000000-0000-0000-0000-000000000000";
 
-/// What a turn costs against the chat limits: the JSON bytes of its message, the bytes of its
-/// id and [`TURN_OVERHEAD_BYTES`]. A turn keeps its id and message for life (turns are never
-/// removed and this host adds no response parts), so the cost is fixed when the turn starts.
-pub(crate) fn turn_cost(id_len: usize, message: &Message) -> u64 {
+/// What a turn costs against the chat limits: the JSON bytes of its id and of its message, as
+/// a snapshot holds them (escapes included), plus [`TURN_OVERHEAD_BYTES`]. A turn keeps its id
+/// and message for life (turns are never removed and this host adds no response parts), so the
+/// cost is fixed when the turn starts.
+pub(crate) fn turn_cost(id: &str, message: &Message) -> u64 {
     /// Counts what serde writes, without keeping it.
     struct Count(u64);
     impl std::io::Write for Count {
@@ -84,9 +86,11 @@ pub(crate) fn turn_cost(id_len: usize, message: &Message) -> u64 {
         }
     }
     let mut count = Count(0);
-    // Writing a typed message into a counter cannot fail (every map key is a string).
+    // Writing a string and a typed message into a counter cannot fail (every map key is a
+    // string).
+    let _ = serde_json::to_writer(&mut count, id);
     let _ = serde_json::to_writer(&mut count, message);
-    count.0 + id_len as u64 + TURN_OVERHEAD_BYTES
+    count.0 + TURN_OVERHEAD_BYTES
 }
 
 /// The cost of every turn `chat` holds, counted afresh: what `SessionEntry::chat_bytes` must
@@ -94,11 +98,11 @@ pub(crate) fn turn_cost(id_len: usize, message: &Message) -> u64 {
 pub(crate) fn chat_cost(chat: &ChatState) -> u64 {
     chat.turns
         .iter()
-        .map(|t| turn_cost(t.id.len(), &t.message))
+        .map(|t| turn_cost(&t.id, &t.message))
         .chain(
             chat.active_turn
                 .iter()
-                .map(|t| turn_cost(t.id.len(), &t.message)),
+                .map(|t| turn_cost(&t.id, &t.message)),
         )
         .sum()
 }
@@ -190,7 +194,7 @@ impl SessionEntry {
     /// Notes a turn the chat just started: its id is used for good and its cost is charged.
     pub(crate) fn turn_started(&mut self, id: &str, message: &Message) {
         self.turn_ids.insert(id.to_owned());
-        self.chat_bytes += turn_cost(id.len(), message);
+        self.chat_bytes += turn_cost(id, message);
     }
 
     /// Whether the events since the last rewrite now justify rewriting the states.

@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for t in 0..turns {
             let id = format!("t{t}");
             let message = json!({ "text": text, "origin": { "kind": "user" } });
-            charged += (message.to_string().len() + id.len()) as u64 + 128;
+            charged += (json!(id).to_string().len() + message.to_string().len()) as u64 + 128;
             for action in [
                 json!({ "type": "chat/turnStarted", "turnId": id, "startedAt": "", "message": message }),
                 json!({ "type": "chat/turnCancelled", "turnId": id, "duration": 1 }),

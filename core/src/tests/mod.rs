@@ -681,11 +681,11 @@ fn the_session_limit_refuses_creates_and_a_lowered_limit_still_loads_everything(
     assert_eq!(h.host.session_count(), 3);
 }
 
-/// What a turn of `text` under `id` costs against the chat limits: its message's JSON, its id
-/// and 128 bytes (see `Limits::chat_bytes_max`).
+/// What a turn of `text` under `id` costs against the chat limits: the JSON of its id and its
+/// message, and 128 bytes (see `Limits::chat_bytes_max`).
 fn turn_cost(id: &str, text: &str) -> u64 {
     let message = json!({"text": text, "origin": {"kind": "user"}});
-    (message.to_string().len() + id.len()) as u64 + 128
+    (json!(id).to_string().len() + message.to_string().len()) as u64 + 128
 }
 
 fn chat_limited(chat_bytes_max: u64, chat_bytes_total_max: u64) -> HostConfig {
@@ -734,7 +734,7 @@ fn a_full_chat_refuses_turns_and_pending_messages_and_a_restart_counts_the_same(
     let used = used + turn_cost("t2", "hi");
     assert_eq!(h.host.chat_bytes_total(), used);
 
-    // A pending message is charged as the turn it would become (a 36-byte host id): one
+    // A pending message is charged as the turn it would become (a host-made UUID id): one
     // that could never start is refused now rather than left waiting.
     let pending = |kind: &str, id: &str, text: &str| json!({"type":"chat/pendingMessageSet","kind":kind,"id":id,"message":{"text":text,"origin":{"kind":"user"}}});
     let host_id = "00000000-0000-0000-0000-000000000000";
@@ -798,6 +798,25 @@ fn a_full_chat_refuses_turns_and_pending_messages_and_a_restart_counts_the_same(
         out[0].1["params"]["rejectionReason"],
         "Host chat storage limit reached"
     );
+}
+
+#[test]
+fn a_turn_id_is_charged_as_a_snapshot_spells_it() {
+    // 150 control characters are 150 bytes of id but 900 of JSON (`\u0001` each): the charge
+    // follows the snapshot, so this turn does not fit a 1 KiB chat.
+    let mut h = Harness::with(chat_limited(1024, 1 << 20), MemStore::new());
+    h.open_chat(&[]);
+    let id = "\u{1}".repeat(150);
+    assert!(turn_cost(&id, "") > 1024 && id.len() + 200 < 1024);
+    let out = h.dispatch(1, "ahp-chat:/s1", 1, turn(&id, ""));
+    assert_eq!(
+        out[0].1["params"]["rejectionReason"],
+        "Chat size limit reached; continue in a new session"
+    );
+    let id = "\u{1}".repeat(100);
+    h.dispatch(1, "ahp-chat:/s1", 2, turn(&id, ""));
+    assert_eq!(h.host.chat_bytes_total(), turn_cost(&id, ""));
+    assert_eq!(h.host.audit_chat_bytes(), Ok(()));
 }
 
 #[test]
