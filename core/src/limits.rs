@@ -69,7 +69,7 @@ pub struct Limits {
     /// What the turns of all chats together may cost (as for `chat_bytes_max`); `-32043` above.
     /// The host keeps every chat in memory, so this bounds the memory chats take whatever the
     /// number of sessions: measured, 1.3 bytes of RSS per byte charged for turns of 2 KB
-    /// messages, 3.2 for turns of 20-byte ones (`io/examples/chat_memory.rs`).
+    /// messages, 3.1 for turns of 20-byte ones (`io/examples/chat_memory.rs`).
     pub chat_bytes_total_max: u64,
 }
 
