@@ -59,20 +59,19 @@ pub(crate) struct Tx {
 
 impl Tx {
     pub(crate) fn new(entry: SessionEntry, base_seq: u64) -> Tx {
-        let entry_chat_bytes = entry.chat_bytes;
         let summary_before = (
             entry.session.title.clone(),
             entry.summary_status(),
             entry.modified_at().to_owned(),
         );
         Tx {
+            chat_bytes_before: entry.chat_bytes,
             entry,
             touched: Touched::default(),
             events: Vec::new(),
             base_seq,
             mutated: false,
             summary_before,
-            chat_bytes_before: entry_chat_bytes,
         }
     }
 
@@ -501,12 +500,16 @@ impl<S: Store> Host<S> {
                 "Chat size limit reached; continue in a new session",
             ));
         }
-        // The host's total still counts the chat as it was before this change.
-        let total = self.chat_bytes_total - tx.chat_bytes_before + tx.entry.chat_bytes;
-        if total + cost > limits.chat_bytes_total_max {
+        if self.chat_bytes_total_with(tx) + cost > limits.chat_bytes_total_max {
             return Err(RpcError::limit("Host chat storage limit reached"));
         }
         Ok(())
+    }
+
+    /// The host's chat total with `tx` applied: the total still counts the chat as it was
+    /// before the change.
+    fn chat_bytes_total_with(&self, tx: &Tx) -> u64 {
+        self.chat_bytes_total - tx.chat_bytes_before + tx.entry.chat_bytes
     }
 
     /// Starts the next pending message as a turn when the chat is idle.
@@ -596,7 +599,7 @@ impl<S: Store> Host<S> {
             self.bindings.insert(c);
         }
         let id = tx.entry.id.clone();
-        self.chat_bytes_total = self.chat_bytes_total - tx.chat_bytes_before + tx.entry.chat_bytes;
+        self.chat_bytes_total = self.chat_bytes_total_with(&tx);
         self.sessions.insert(id.clone(), tx.entry);
         for event in change.events {
             let frame = wire::notification_frame("action", &event.envelope);

@@ -331,40 +331,47 @@ impl<S: Store> Host<S> {
     }
 
     /// (A) Recounts what every chat's turns cost and compares it with the running counts the
-    /// chat limits are enforced on; the simulator calls it after each step. Returns the first
-    /// mismatch, or a chat over `chat_bytes_max` (the limit only ever refuses, so with the limits
-    /// the store was written under, none can be).
+    /// chat limits are enforced on; the simulator calls it after every call into the host.
+    /// Returns the first mismatch, or a charge over its limit (the limits only ever refuse, so
+    /// under the limits the store was written with, none can be).
     pub fn audit_chat_bytes(&self) -> Result<(), String> {
+        // `session` names the chat checked; `None` is all of them.
+        let check = |session: Option<&str>, counted: u64, charged: u64, limit: (&str, u64)| {
+            let what = || session.map_or("all chats".to_owned(), |id| format!("session {id}"));
+            if counted != charged {
+                return Err(format!(
+                    "{}: the turns cost {counted} bytes but {charged} are charged",
+                    what()
+                ));
+            }
+            if counted > limit.1 {
+                return Err(format!(
+                    "{}: the turns cost {counted} bytes, over {} {}",
+                    what(),
+                    limit.0,
+                    limit.1
+                ));
+            }
+            Ok(())
+        };
+        let limits = &self.config.limits;
         let mut total = 0;
         for (id, entry) in &self.sessions {
             let counted = session::chat_cost(&entry.chat);
-            if counted != entry.chat_bytes {
-                return Err(format!(
-                    "session {id}: its turns cost {counted} bytes but {} are charged",
-                    entry.chat_bytes
-                ));
-            }
-            if counted > self.config.limits.chat_bytes_max {
-                return Err(format!(
-                    "session {id}: its turns cost {counted} bytes, over chat_bytes_max {}",
-                    self.config.limits.chat_bytes_max
-                ));
-            }
+            check(
+                Some(id),
+                counted,
+                entry.chat_bytes,
+                ("chat_bytes_max", limits.chat_bytes_max),
+            )?;
             total += counted;
         }
-        if total != self.chat_bytes_total {
-            return Err(format!(
-                "the chats' turns cost {total} bytes but {} are charged",
-                self.chat_bytes_total
-            ));
-        }
-        if total > self.config.limits.chat_bytes_total_max {
-            return Err(format!(
-                "the chats' turns cost {total} bytes, over chat_bytes_total_max {}",
-                self.config.limits.chat_bytes_total_max
-            ));
-        }
-        Ok(())
+        check(
+            None,
+            total,
+            self.chat_bytes_total,
+            ("chat_bytes_total_max", limits.chat_bytes_total_max),
+        )
     }
 
     /// (A) The last assigned `serverSeq`.
@@ -800,4 +807,64 @@ fn percent_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{HostConfig, MemStore};
+
+    /// A host holding one session whose chat started one turn.
+    fn with_a_turn() -> Host<MemStore> {
+        let mut host = Host::new(HostConfig::default(), MemStore::new(), 1).expect("host");
+        let mut entry = SessionEntry::create("s1", "t".into(), "task".into(), 0);
+        let message: ahp_types::state::Message =
+            serde_json::from_value(json!({"text": "hi", "origin": {"kind": "user"}}))
+                .expect("message");
+        entry.chat.active_turn = Some(ahp_types::state::ActiveTurn {
+            id: "t1".into(),
+            started_at: String::new(),
+            message: message.clone(),
+            response_parts: vec![],
+            usage: None,
+        });
+        entry.turn_started("t1", &message);
+        host.chat_bytes_total = entry.chat_bytes;
+        host.sessions.insert("s1".into(), entry);
+        host
+    }
+
+    #[test]
+    fn the_chat_audit_finds_every_count_that_strays_and_every_limit_passed() {
+        assert_eq!(with_a_turn().audit_chat_bytes(), Ok(()));
+        let charged = with_a_turn().chat_bytes_total;
+
+        let mut host = with_a_turn();
+        if let Some(e) = host.sessions.get_mut("s1") {
+            e.chat_bytes += 1;
+        }
+        let err = host
+            .audit_chat_bytes()
+            .expect_err("a session's count strayed");
+        assert!(err.starts_with("session s1: "), "{err}");
+
+        let mut host = with_a_turn();
+        host.chat_bytes_total -= 1;
+        let err = host
+            .audit_chat_bytes()
+            .expect_err("the host's count strayed");
+        assert!(err.starts_with("all chats: "), "{err}");
+
+        let mut host = with_a_turn();
+        host.config.limits.chat_bytes_max = charged - 1;
+        let err = host.audit_chat_bytes().expect_err("a chat over its limit");
+        assert!(err.contains("over chat_bytes_max"), "{err}");
+
+        let mut host = with_a_turn();
+        host.config.limits.chat_bytes_total_max = charged - 1;
+        let err = host
+            .audit_chat_bytes()
+            .expect_err("all chats over their limit");
+        assert!(err.contains("over chat_bytes_total_max"), "{err}");
+    }
 }

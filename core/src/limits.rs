@@ -60,8 +60,9 @@ pub struct Limits {
     /// The AXP host has no such bound.
     pub sessions_max: u32,
     /// What one chat's turns may cost, in bytes: each turn is charged the JSON bytes of its id
-    /// and its message, as a snapshot holds them, and 128 bytes for its other fields. A turn that would pass it is
-    /// refused with `-32043`, and so is a pending message that could no longer start as one.
+    /// and its message, as a snapshot holds them, and 128 bytes for its other fields. A turn
+    /// that would pass it is refused with `-32043`, and so is a pending message that could no
+    /// longer start as one.
     /// Turns are the durable history and are never removed, so a full chat stays full: its
     /// work continues in a new session. Keeps a chat's snapshot well inside the 16 MiB frames
     /// common WebSocket clients read. The AXP host has no such bound.

@@ -6,8 +6,8 @@
 //! axhost-sim --runs M [--start S]     M seeds from S (default 0)
 //! ```
 //! Add `--twice` to run every seed twice and compare digests, `--trace` to print every step
-//! and frame to stderr, `--keep-going` to run the whole range past violations and list them. A range ends with the client-services outcomes the checker saw, summed
-//! over its seeds. On a violation it prints the violation, the options and the replay command,
+//! and frame to stderr, `--keep-going` to run the whole range past violations and list them. A range ends with the client-services outcomes the checker saw, the
+//! idle clientIds released and the chat actions the chat limits refused, summed over its seeds. On a violation it prints the violation, the options and the replay command,
 //! and exits with status 1.
 
 use std::collections::BTreeMap;
@@ -71,7 +71,8 @@ fn print_line(r: &Report) {
     println!(
         "seed={} hash={} steps={} sim_ms={} outputs={} server_seq={} comparisons={} restarts={} host_closes={} \
          disconnects={} reconnects(replay/snapshot/refused)={}/{}/{} rejections={} accepted={} store_faults={} \
-         clock_regressions={} frame_bytes_max={} handshake_slow_closes={} client_ids_released={}",
+         clock_regressions={} frame_bytes_max={} handshake_slow_closes={} client_ids_released={} \
+         chat_limit_rejections={}",
         r.seed,
         r.digest,
         r.steps,
@@ -92,6 +93,7 @@ fn print_line(r: &Report) {
         r.counters.frame_bytes_max,
         r.counters.handshake_slow_closes,
         r.counters.client_ids_released,
+        r.chat_limit_rejections,
     );
     if !r.services.is_empty() {
         println!("  services: {:?}", r.services);
@@ -103,7 +105,7 @@ fn main() -> ExitCode {
         return usage();
     };
     let started = Instant::now();
-    let (mut ok, mut steps, mut released) = (0u64, 0u64, 0u64);
+    let (mut ok, mut steps, mut released, mut chat_limits) = (0u64, 0u64, 0u64, 0u64);
     let mut services: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failed: Vec<String> = Vec::new();
     for seed in args.seeds.clone() {
@@ -131,6 +133,7 @@ fn main() -> ExitCode {
                 steps += r.steps;
                 ok += 1;
                 released += r.counters.client_ids_released;
+                chat_limits += r.chat_limit_rejections;
                 for (k, v) in &r.services {
                     *services.entry(k).or_default() += v;
                 }
@@ -161,6 +164,7 @@ fn main() -> ExitCode {
             println!("  {v:>9}  {k}");
         }
         println!("  {released:>9}  idle clientIds released");
+        println!("  {chat_limits:>9}  chat actions refused: chat limits");
     }
     if !failed.is_empty() {
         println!("{} seeds failed:", failed.len());

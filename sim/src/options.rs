@@ -383,8 +383,7 @@ impl Options {
         // Chat limits a few turns deep, so some chats fill and some messages wait: per chat in
         // a quarter of the seeds, for all chats together in an eighth.
         if Ratio::new(1, 4).hit(&mut later) {
-            let chat = later.random_range(1024..=4096);
-            options.limits.chat_bytes_max = chat;
+            options.limits.chat_bytes_max = later.random_range(1024..=4096);
         }
         if Ratio::new(1, 8).hit(&mut later) {
             let total = later.random_range(1024..=4096 * u64::from(options.session_pool));

@@ -140,6 +140,8 @@ pub struct Report {
     pub reconnects: (u64, u64, u64),
     /// Rejection echoes and own accepted echoes seen by clients.
     pub echoes: (u64, u64),
+    /// Of those rejections, the chat limits' (`chat_bytes_max`, `chat_bytes_total_max`).
+    pub chat_limit_rejections: u64,
     /// Store calls refused on purpose.
     pub store_faults: u64,
     /// Turn start times older than one an earlier host process handed out.
@@ -989,14 +991,8 @@ impl World {
             echoes: (sum(|c| c.stats.rejections), sum(|c| c.stats.accepted)),
             store_faults,
             clock_regressions: self.checker.clock_regressions,
-            services: {
-                let mut tally = self.checker.services.tally.clone();
-                let chat_limits = sum(|c| c.stats.chat_limit_rejections);
-                if chat_limits > 0 {
-                    tally.insert("chat actions refused: chat limits", chat_limits);
-                }
-                tally
-            },
+            chat_limit_rejections: sum(|c| c.stats.chat_limit_rejections),
+            services: self.checker.services.tally.clone(),
         }
     }
 }

@@ -755,6 +755,17 @@ fn a_full_chat_refuses_turns_and_pending_messages_and_a_restart_counts_the_same(
     assert_eq!(chat["activeTurn"]["message"]["text"], text);
     assert_eq!(h.host.chat_bytes_total(), 1024);
     assert_eq!(h.host.audit_chat_bytes(), Ok(()));
+    // What a turn is charged covers what the snapshot spells for it, every field included.
+    let turns = chat["turns"].as_array().cloned().unwrap_or_default();
+    assert_eq!(turns.len(), 2);
+    for turn in turns.iter().chain([&chat["activeTurn"]]) {
+        let (id, text) = (turn["id"].as_str(), turn["message"]["text"].as_str());
+        let charge = turn_cost(id.unwrap_or_default(), text.unwrap_or_default());
+        assert!(
+            turn.to_string().len() as u64 <= charge,
+            "{turn} over {charge}"
+        );
+    }
 
     // A restart counts the same from the store, and keeps refusing.
     let store = h.host.into_store();
