@@ -15,7 +15,9 @@
 # until each message is due and stamps it with its scheduled time; sleep: it sleeps and sends
 # what is due in bursts, each stamped as it is built, so its CPU idles between bursts), SLEEP_MIN
 # (1ms: the sleeping tool's shortest sleep, so its bursts are the rate times this; e.g. 100us),
-# LOAD_BIN (another build of axhost-load instead of the one this script builds).
+# LOAD_BIN (another build of axhost-load instead of the one this script builds), MAX_BATCHES
+# (frames per write for extra flat-out cases at every shape, e.g. "16"; 64→64 at 16 is always
+# run when 64x64 and max are: it is a target row).
 #
 # Latency is reported twice: to the tool's read (what an application sees) and to the receiving
 # socket (the kernel's receive timestamp, Linux): the second leaves out the time messages wait in
@@ -42,6 +44,7 @@ PROBE=${PROBE:-1}
 MACHINE_CHECK=${MACHINE_CHECK:-8}
 PACE=${PACE:-spin}
 SLEEP_MIN=${SLEEP_MIN:-1ms}
+MAX_BATCHES=${MAX_BATCHES:-}
 LONG=0
 
 for arg in "$@"; do
@@ -218,6 +221,18 @@ for shape in $SHAPES; do
     for rate in $RATES; do CASES+=("$shape $rate 1"); done
 done
 case " $SHAPES " in *" 64x64 "*) case " $RATES " in *" max "*) CASES+=("64x64 max 16") ;; esac ;; esac
+# Flat out with batching senders: the tool's cost per write (one syscall per message, the whole
+# loopback path on its CPU) caps one-frame-per-write runs near the same rate for every server.
+case " $RATES " in
+    *" max "*)
+        for batch in $MAX_BATCHES; do
+            [[ "$batch" =~ ^[1-9][0-9]*$ ]] || die "MAX_BATCHES: $batch is not a frame count"
+            for shape in $SHAPES; do
+                [ "$batch" = 1 ] || [ "$shape $batch" = "64x64 16" ] || CASES+=("$shape max $batch")
+            done
+        done
+        ;;
+esac
 
 # system case rep sent_per_s delivered_per_s p50 p99 p999 max lost lag_p99 steal_ms
 # stall_server_ms stall_load_ms socket_p50 socket_p99 slowed_server_ms slowed_load_ms
@@ -505,7 +520,12 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
     if [[ " $SYSTEMS " == *" axhost "* ]]; then
         for other in redis nats; do
             [[ " $SYSTEMS " == *" $other "* ]] || continue
-            echo "- axhost/$other delivered msg/s, 1→1 max: $(ratio axhost "$other" "1x1/max/1") (ratio of medians); per rep, sorted: $(paired axhost "$other" "1x1/max/1")"
+            for c in "${CASES[@]}"; do
+                read -r shape rate batch <<<"$c"
+                [ "$shape $rate" = "1x1 max" ] || continue
+                key_1x1="1x1/max/$batch"
+                echo "- axhost/$other delivered msg/s, 1→1 max, $batch frame(s) per write: $(ratio axhost "$other" "$key_1x1") (ratio of medians); per rep, sorted: $(paired axhost "$other" "$key_1x1")"
+            done
         done
     fi
     [ -n "$RSS_LINE" ] && echo "- $RSS_LINE"

@@ -3,7 +3,7 @@
 //! parser with its bounds, the router, the origin check), `credentials::token_from_request` and
 //! `Credentials::authenticate`, then the server's own WebSocket reader
 //! (`axhost_io::server::frame_reader`, `FrameReader::read_from`, which also decides every close
-//! code) and the answers it writes (`websocket::encode_answer`), reading from an in-memory peer
+//! code, with its buffer lent from a `BufferPool` and given back after each turn as the driver does) and the answers it writes (`websocket::encode_answer`), reading from an in-memory peer
 //! that hands its bytes over in generated chunks across several loop turns
 //! (`MESSAGES_PER_TURN_MAX` messages each), optionally ending with EOF.
 //!
@@ -38,7 +38,7 @@ use axhost_io::credentials::{digest, token_from_request, Credentials, TOKEN_CHAR
 use axhost_io::server::http::{
     origin_allowed, parse_head, route, Head, Route, Status, HEAD_BYTES_MAX,
 };
-use axhost_io::server::websocket::{encode_answer, Step as WsStep};
+use axhost_io::server::websocket::{encode_answer, BufferPool, Step as WsStep};
 use axhost_io::server::{frame_reader, MESSAGES_PER_TURN_MAX};
 use axhost_io::PrincipalEntry;
 use tungstenite::error::ProtocolError;
@@ -332,6 +332,8 @@ pub fn serve(
         return refused(Status::Forbidden);
     }
     let mut reader = frame_reader(limits, &head[len..]);
+    // As in the driver: a buffer borrowed for each read, given back at the end of a turn.
+    let mut pool = BufferPool::default();
     let max = usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX);
     let mut events = Vec::new();
     let mut written = Vec::new();
@@ -339,6 +341,7 @@ pub fn serve(
     let stop = loop {
         let mut stop = None;
         for _ in 0..MESSAGES_PER_TURN_MAX {
+            reader.unpark(&mut pool);
             let step = reader.read_from(&mut peer);
             encode_answer(&mut written, &step);
             match step {
@@ -380,6 +383,7 @@ pub fn serve(
                 WsStep::Error(e) => panic!("the in-memory peer never fails, yet: {e}"),
             }
         }
+        reader.park(&mut pool);
         match stop {
             // The budget ran out: the server reads on next turn.
             None => continue,

@@ -37,7 +37,7 @@ use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
-use websocket::{FrameReader, Step};
+use websocket::{BufferPool, FrameReader, Step};
 use wire::Wire;
 
 /// How the driver serves.
@@ -236,6 +236,8 @@ struct Driver<S: Store> {
     /// Set once a signal asked us to stop: the time by which the driver returns regardless.
     stop_by_ms: Option<u64>,
     busy_poll: BusyPoll,
+    /// Read buffers lent to connections while they read.
+    read_buffers: BufferPool,
     /// When the last wait returned: the work since then is the current turn.
     woke_at: std::time::Instant,
 }
@@ -274,6 +276,7 @@ impl<S: Store> Driver<S> {
             accept_retry_ms: None,
             stop_by_ms: None,
             busy_poll: BusyPoll::new(Duration::from_micros(opts.busy_poll_us)),
+            read_buffers: BufferPool::default(),
             woke_at: std::time::Instant::now(),
         })
     }
@@ -815,6 +818,7 @@ impl<S: Store> Driver<S> {
                 // The core closed it while handling the last message.
                 return;
             };
+            reader.unpark(&mut self.read_buffers);
             let step = reader.read_from(wire);
             wire.push_answer(&step);
             match step {
@@ -854,14 +858,16 @@ impl<S: Store> Driver<S> {
                 }
             }
         }
-        if heard {
-            // Any frame, pongs included, shows the peer is there; the keepalive deadline looks
-            // at this when it comes (no timer churn per message).
-            if let Some(Phase::Open { heard_ms, .. }) =
-                self.slots.get_mut(&id).map(|s| &mut s.phase)
-            {
+        if let Some(Phase::Open {
+            heard_ms, reader, ..
+        }) = self.slots.get_mut(&id).map(|s| &mut s.phase)
+        {
+            if heard {
+                // Any frame, pongs included, shows the peer is there; the keepalive deadline
+                // looks at this when it comes (no timer churn per message).
                 *heard_ms = now.mono.0;
             }
+            reader.park(&mut self.read_buffers);
         }
         match stop {
             Stop::Drained => {}

@@ -26,10 +26,17 @@
 
 use std::io::{self, Read};
 
-/// Read buffer per connection. Allocated and zeroed once at upgrade, so it stays small: at 2048
-/// connections 16 KiB each is 32 MiB. A larger frame grows it (doubling as its bytes arrive)
-/// for as long as it takes to read.
+/// A read buffer. Lent to a connection while it reads (see [`BufferPool`]); a larger frame grows
+/// the one it was lent (doubling as its bytes arrive) for as long as it takes to read.
 pub const READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// Most unparsed bytes a reader keeps by itself between reads (a frame cut by the end of the last
+/// read); with more, it keeps its buffer.
+pub const PARKED_BYTES_MAX: usize = 1024;
+
+/// Free read buffers the pool keeps; one is enough for the single-threaded driver, a few cover
+/// the connections that keep theirs between turns and then give them back together.
+const POOL_BUFFERS_MAX: usize = 8;
 
 /// Largest control frame payload (RFC 6455 section 5.5).
 const CONTROL_PAYLOAD_MAX: usize = 125;
@@ -106,11 +113,45 @@ struct Fragmented {
     checked: usize,
 }
 
+/// Read buffers shared by every connection of one driver.
+///
+/// A connection reads into a buffer from the pool and gives it back once it has parsed all but
+/// a few bytes ([`FrameReader::park`]), so the driver's reads cycle through a buffer or two that
+/// stay in cache, rather than one 16 KiB buffer per connection (1 MiB at 64 busy senders, which
+/// the kernel's copy and the parse then miss in cache each turn). An idle connection holds no
+/// read buffer at all.
+#[derive(Debug, Default)]
+pub struct BufferPool {
+    free: Vec<Vec<u8>>,
+}
+
+impl BufferPool {
+    /// A buffer of [`READ_BUFFER_BYTES`]: the most recently returned one, or a new zeroed one.
+    fn take(&mut self) -> Vec<u8> {
+        self.free
+            .pop()
+            .unwrap_or_else(|| vec![0u8; READ_BUFFER_BYTES])
+    }
+
+    /// Keeps `buf` for the next reader if it has the standard size and the pool has room.
+    fn give(&mut self, buf: Vec<u8>) {
+        if buf.len() == READ_BUFFER_BYTES && self.free.len() < POOL_BUFFERS_MAX {
+            self.free.push(buf);
+        }
+    }
+
+    /// Buffers held for reuse.
+    pub fn free_buffers(&self) -> usize {
+        self.free.len()
+    }
+}
+
 /// Reads frames from one connection.
 #[derive(Debug)]
 pub struct FrameReader {
     /// `buf[start..end]` is read and not yet parsed. `buf.len()` is its capacity: it is zeroed
-    /// once (and when it grows), never before each read.
+    /// once (and when it grows), never before each read. Empty while parked: the unparsed bytes
+    /// are then in `parked`.
     buf: Vec<u8>,
     start: usize,
     end: usize,
@@ -125,35 +166,89 @@ pub struct FrameReader {
     done: bool,
     /// Largest frame payload and largest message, in bytes.
     max: usize,
+    /// Unparsed bytes kept while the reader has no buffer (at most [`PARKED_BYTES_MAX`], or the
+    /// bytes that followed the HTTP head).
+    parked: Vec<u8>,
 }
 
 impl FrameReader {
     /// A reader for messages up to `max_message_bytes`, starting with bytes that followed the
     /// HTTP head in the same read.
+    /// The reader starts parked: it takes a buffer when it first reads.
     pub fn new(max_message_bytes: usize, early: &[u8]) -> FrameReader {
-        let mut buf = vec![0u8; READ_BUFFER_BYTES.max(early.len())];
-        buf[..early.len()].copy_from_slice(early);
         FrameReader {
-            buf,
+            buf: Vec::new(),
             start: 0,
-            end: early.len(),
+            end: 0,
             want: 0,
             message: Vec::new(),
             fragmented: None,
             delivered: false,
             done: false,
             max: max_message_bytes,
+            parked: early.to_vec(),
         }
     }
 
     /// Bytes read but not yet parsed.
     pub fn buffered(&self) -> usize {
-        self.end - self.start
+        if self.buf.is_empty() {
+            self.parked.len()
+        } else {
+            self.end - self.start
+        }
     }
 
     /// Bytes held by the reader's buffers (for memory accounting in tests).
     pub fn capacity(&self) -> usize {
-        self.buf.len() + self.message.capacity()
+        self.buf.len() + self.message.capacity() + self.parked.capacity()
+    }
+
+    /// Whether the reader holds a read buffer (it is not parked).
+    pub fn holds_buffer(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
+    /// Gives a parked reader a buffer from `pool`, with its parked bytes at the front. Call
+    /// before reading; a reader that already holds one keeps it.
+    pub fn unpark(&mut self, pool: &mut BufferPool) {
+        if self.buf.is_empty() {
+            self.lend(pool.take());
+        }
+    }
+
+    /// Gives the buffer back to `pool` when at most [`PARKED_BYTES_MAX`] unparsed bytes are
+    /// left (copied aside). Call after reading; a reader with more left, or in the middle of a
+    /// frame that grew its buffer, keeps it.
+    pub fn park(&mut self, pool: &mut BufferPool) {
+        let left = self.end - self.start;
+        if self.buf.is_empty() || left > PARKED_BYTES_MAX {
+            return;
+        }
+        self.parked.clear();
+        self.parked
+            .extend_from_slice(&self.buf[self.start..self.end]);
+        self.start = 0;
+        self.end = 0;
+        pool.give(std::mem::take(&mut self.buf));
+    }
+
+    /// Installs `buf` (zeroed or reused, at least [`READ_BUFFER_BYTES`]) with the parked bytes
+    /// at its front.
+    fn lend(&mut self, mut buf: Vec<u8>) {
+        let n = self.parked.len();
+        if buf.len() < n + 1 {
+            buf.resize(n + 1, 0);
+        }
+        buf[..n].copy_from_slice(&self.parked);
+        self.parked.clear();
+        if self.parked.capacity() > PARKED_BYTES_MAX {
+            // The bytes after the HTTP head, once; keep only what parking needs.
+            self.parked.shrink_to(PARKED_BYTES_MAX);
+        }
+        self.buf = buf;
+        self.start = 0;
+        self.end = n;
     }
 
     /// The next message or control frame, reading from `src` when the buffer holds no complete
@@ -165,6 +260,10 @@ impl FrameReader {
     /// the unmasked payload's stores to drain (3% of the host at 64->64).
     #[inline(always)]
     pub fn read_from(&mut self, src: &mut impl Read) -> Step<'_> {
+        if self.buf.is_empty() {
+            // Still parked: read without a pool (the fuzz target, tests), with a buffer of its own.
+            self.lend(vec![0u8; READ_BUFFER_BYTES]);
+        }
         let parsed = loop {
             match self.parse() {
                 Parsed::Incomplete => {}
@@ -551,8 +650,15 @@ mod tests {
         }
     }
 
-    /// Everything the reader produces from `bytes`, in reads of `size`, as owned strings.
-    fn transcript(bytes: &[u8], size: usize, max: usize) -> Vec<String> {
+    /// Everything the reader produces from `bytes`, in reads of `size`, as owned strings. With
+    /// `pool`, the reader borrows its buffer from it before every step and parks after every
+    /// step (more often than the driver, which parks once per turn).
+    fn transcript_with(
+        bytes: &[u8],
+        size: usize,
+        max: usize,
+        mut pool: Option<&mut BufferPool>,
+    ) -> Vec<String> {
         let mut src = Chunks {
             data: bytes.iter().copied().collect(),
             size,
@@ -561,6 +667,10 @@ mod tests {
         let mut reader = FrameReader::new(max, &[]);
         let mut out = Vec::new();
         loop {
+            if let Some(pool) = pool.as_deref_mut() {
+                reader.park(pool);
+                reader.unpark(pool);
+            }
             let step = reader.read_from(&mut src);
             let line = describe(&step);
             let end = !matches!(
@@ -576,11 +686,21 @@ mod tests {
         }
     }
 
+    fn transcript(bytes: &[u8], size: usize, max: usize) -> Vec<String> {
+        transcript_with(bytes, size, max, None)
+    }
+
+    /// The transcript of `bytes`, checked to be the same for every read size, with and without
+    /// parking between steps.
     fn all_chunkings(bytes: &[u8], max: usize) -> Vec<String> {
         let whole = transcript(bytes, usize::MAX, max);
-        for size in [1, 2, 3, 7, 13, 200] {
+        let mut pool = BufferPool::default();
+        for size in [1, 2, 3, 7, 13, 200, usize::MAX] {
             assert_eq!(transcript(bytes, size, max), whole, "reads of {size}");
+            let parking = transcript_with(bytes, size, max, Some(&mut pool));
+            assert_eq!(parking, whole, "reads of {size}, parking");
         }
+        assert!(pool.free_buffers() <= POOL_BUFFERS_MAX);
         whole
     }
 
@@ -660,6 +780,102 @@ mod tests {
         assert_eq!(describe(&reader.read_from(&mut src)), "text early");
         assert_eq!(describe(&reader.read_from(&mut src)), "text later");
         assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+    }
+
+    #[test]
+    fn a_reader_parks_a_frame_cut_short_and_keeps_its_buffer_for_more() {
+        let mut pool = BufferPool::default();
+        let first = frame(true, OPCODE_TEXT, b"one");
+        let second = frame(true, OPCODE_TEXT, &[b'x'; 300]);
+        let mut bytes = first.clone();
+        bytes.extend_from_slice(&second[..100]);
+        let mut src = waiting(bytes);
+        let mut reader = FrameReader::new(1 << 20, &[]);
+        assert!(
+            !reader.holds_buffer(),
+            "a new reader takes no buffer until it reads"
+        );
+        reader.unpark(&mut pool);
+        assert_eq!(describe(&reader.read_from(&mut src)), "text one");
+        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+        // 100 bytes of the second frame are left: set aside, the buffer goes back.
+        reader.park(&mut pool);
+        assert!(!reader.holds_buffer());
+        assert_eq!(reader.buffered(), 100);
+        assert_eq!(pool.free_buffers(), 1);
+        assert!(
+            reader.capacity() < PARKED_BYTES_MAX + 512,
+            "{}",
+            reader.capacity()
+        );
+        src.data.extend(second[100..].iter().copied());
+        reader.unpark(&mut pool);
+        assert_eq!(pool.free_buffers(), 0);
+        assert_eq!(
+            describe(&reader.read_from(&mut src)),
+            format!("text {}", "x".repeat(300))
+        );
+        // More than `PARKED_BYTES_MAX` unparsed (a turn's budget ran out): the buffer stays.
+        let many: Vec<u8> = (0..20).flat_map(|_| second.clone()).collect();
+        src.data.extend(many);
+        assert_eq!(
+            describe(&reader.read_from(&mut src)),
+            format!("text {}", "x".repeat(300))
+        );
+        assert!(reader.buffered() > PARKED_BYTES_MAX);
+        reader.park(&mut pool);
+        assert!(reader.holds_buffer());
+        assert_eq!(pool.free_buffers(), 0);
+        for _ in 0..19 {
+            assert!(matches!(reader.read_from(&mut src), Step::Text(t) if t.len() == 300));
+        }
+        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+        reader.park(&mut pool);
+        assert!(!reader.holds_buffer());
+        assert_eq!(reader.buffered(), 0);
+    }
+
+    #[test]
+    fn early_bytes_wait_parked_until_the_first_read() {
+        let mut pool = BufferPool::default();
+        let early = frame(true, OPCODE_TEXT, b"early");
+        let mut src = waiting(Vec::new());
+        let mut reader = FrameReader::new(1024, &early);
+        assert_eq!(reader.buffered(), early.len());
+        reader.unpark(&mut pool);
+        assert_eq!(describe(&reader.read_from(&mut src)), "text early");
+        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+    }
+
+    #[test]
+    fn the_pool_reuses_the_last_buffer_and_keeps_a_few_standard_ones() {
+        let mut pool = BufferPool::default();
+        let mut readers: Vec<FrameReader> = (0..POOL_BUFFERS_MAX + 4)
+            .map(|_| FrameReader::new(1 << 20, &[]))
+            .collect();
+        for reader in &mut readers {
+            reader.unpark(&mut pool);
+        }
+        for reader in &mut readers {
+            reader.park(&mut pool);
+        }
+        assert_eq!(pool.free_buffers(), POOL_BUFFERS_MAX);
+        // The buffer a reader gives back is the next one lent (warm in cache).
+        let mut a = FrameReader::new(1 << 20, &[]);
+        a.unpark(&mut pool);
+        let lent = a.buf.as_ptr();
+        a.park(&mut pool);
+        let mut b = FrameReader::new(1 << 20, &[]);
+        b.unpark(&mut pool);
+        assert_eq!(b.buf.as_ptr(), lent);
+        // A buffer grown for a large frame is freed, not pooled.
+        let big = "y".repeat(100_000);
+        let mut src = waiting(frame(true, OPCODE_TEXT, big.as_bytes()));
+        assert!(matches!(b.read_from(&mut src), Step::Text(t) if t.len() == 100_000));
+        let free = pool.free_buffers();
+        b.park(&mut pool);
+        assert!(!b.holds_buffer());
+        assert_eq!(pool.free_buffers(), free);
     }
 
     #[test]
