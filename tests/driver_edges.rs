@@ -1,7 +1,7 @@
 //! Edges of the production driver's socket handling, against the real `axhost serve`: a last
 //! frame that arrives with the peer's FIN, a reply larger than the driver's own byte cap, a
-//! frame that announces far more than it sends, a frame that arrives in pieces, and sockets
-//! that never send a request head.
+//! frame that announces far more than it sends, a frame that arrives in pieces, idle
+//! connections (which hold no read buffer), and sockets that never send a request head.
 //!
 //! Every test starts its own host process on a free port, so they run in parallel.
 
@@ -187,6 +187,37 @@ fn an_announced_frame_does_not_reserve_its_length() {
     assert!(
         grown_mib < 32,
         "{PEERS} stalled 16 MiB headers grew the host by {grown_mib} MiB"
+    );
+}
+
+/// Connections that went quiet hold no read buffer (the driver lends one per read): each costs
+/// the host a few KiB, not the 16 KiB buffer plus its state it cost when every connection kept a
+/// buffer of its own (19 KB each, measured).
+#[cfg(target_os = "linux")]
+#[test]
+fn idle_connections_hold_no_read_buffer() {
+    const PEERS: usize = 300;
+    let host = HostProcess::builder().config("keepalive_ms = 0\n").start();
+    let pid = host.pid().expect("pid");
+    // Warm up: allocator arenas and the first buffers exist before the baseline.
+    let mut warm: Vec<Ws> = (0..8)
+        .map(|i| host.ws_init(&format!("warm-{i}"), &[]).0)
+        .collect();
+    for ws in &mut warm {
+        assert_eq!(ws.ok("ping", json!({"channel": ROOT})), Value::Null);
+    }
+    let before = rss_kib(pid);
+    let mut peers = Vec::new();
+    for i in 0..PEERS {
+        // Each one has initialized and been answered, then goes quiet.
+        let (mut ws, _) = host.ws_init(&format!("idle-{i}"), &[]);
+        assert_eq!(ws.ok("ping", json!({"channel": ROOT})), Value::Null);
+        peers.push(ws);
+    }
+    let per_peer = rss_kib(pid).saturating_sub(before) * 1024 / PEERS as u64;
+    assert!(
+        per_peer < 10 * 1024,
+        "{PEERS} idle connections cost the host {per_peer} bytes each"
     );
 }
 
