@@ -3,7 +3,8 @@
 //! parser with its bounds, the router, the origin check), `credentials::token_from_request` and
 //! `Credentials::authenticate`, then the server's own WebSocket reader
 //! (`axhost_io::server::frame_reader`, `FrameReader::read_from`, which also decides every close
-//! code, with its buffer lent from a `BufferPool` and given back after each turn as the driver does) and the answers it writes (`websocket::encode_answer`), reading from an in-memory peer
+//! code; its buffer is taken from a `BufferPool` and given back after each turn, as the driver
+//! does) and the answers it writes (`websocket::encode_answer`), reading from an in-memory peer
 //! that hands its bytes over in generated chunks across several loop turns
 //! (`MESSAGES_PER_TURN_MAX` messages each), optionally ending with EOF.
 //!
@@ -341,8 +342,7 @@ pub fn serve(
     let stop = loop {
         let mut stop = None;
         for _ in 0..MESSAGES_PER_TURN_MAX {
-            reader.unpark(&mut pool);
-            let step = reader.read_from(&mut peer);
+            let step = reader.read_from(&mut peer, &mut pool);
             encode_answer(&mut written, &step);
             match step {
                 WsStep::Text(text) => {

@@ -818,8 +818,7 @@ impl<S: Store> Driver<S> {
                 // The core closed it while handling the last message.
                 return;
             };
-            reader.unpark(&mut self.read_buffers);
-            let step = reader.read_from(wire);
+            let step = reader.read_from(wire, &mut self.read_buffers);
             wire.push_answer(&step);
             match step {
                 Step::Text(text) => {

@@ -173,8 +173,7 @@ pub struct FrameReader {
 
 impl FrameReader {
     /// A reader for messages up to `max_message_bytes`, starting with bytes that followed the
-    /// HTTP head in the same read.
-    /// The reader starts parked: it takes a buffer when it first reads.
+    /// HTTP head in the same read. It starts parked: it takes a buffer when it first reads.
     pub fn new(max_message_bytes: usize, early: &[u8]) -> FrameReader {
         FrameReader {
             buf: Vec::new(),
@@ -209,16 +208,9 @@ impl FrameReader {
         !self.buf.is_empty()
     }
 
-    /// Gives a parked reader a buffer from `pool`, with its parked bytes at the front. Call
-    /// before reading; a reader that already holds one keeps it.
-    pub fn unpark(&mut self, pool: &mut BufferPool) {
-        if self.buf.is_empty() {
-            self.lend(pool.take());
-        }
-    }
-
     /// Gives the buffer back to `pool` when at most [`PARKED_BYTES_MAX`] unparsed bytes are
-    /// left (copied aside). Call after reading; a reader with more left, or in the middle of a
+    /// left (copied aside); the next [`FrameReader::read_from`] takes one again. Call at the
+    /// end of a connection's reads for the turn; a reader with more left, or in the middle of a
     /// frame that grew its buffer, keeps it.
     pub fn park(&mut self, pool: &mut BufferPool) {
         let left = self.end - self.start;
@@ -253,16 +245,16 @@ impl FrameReader {
 
     /// The next message or control frame, reading from `src` when the buffer holds no complete
     /// frame. Reads only until one event is ready, so a caller that stops after N steps leaves
-    /// the rest in the socket (the driver's per-turn budget).
+    /// the rest in the socket (the driver's per-turn budget). A parked reader first takes a
+    /// buffer from `pool`, with its parked bytes at the front.
     ///
     /// Inlined into the driver's read loop so a text step's `&str` stays in registers: returned
     /// through memory, the caller's 16-byte reload of it missed store forwarding and waited for
     /// the unmasked payload's stores to drain (3% of the host at 64->64).
     #[inline(always)]
-    pub fn read_from(&mut self, src: &mut impl Read) -> Step<'_> {
+    pub fn read_from(&mut self, src: &mut impl Read, pool: &mut BufferPool) -> Step<'_> {
         if self.buf.is_empty() {
-            // Still parked: read without a pool (the fuzz target, tests), with a buffer of its own.
-            self.lend(vec![0u8; READ_BUFFER_BYTES]);
+            self.lend(pool.take());
         }
         let parsed = loop {
             match self.parse() {
@@ -651,13 +643,14 @@ mod tests {
     }
 
     /// Everything the reader produces from `bytes`, in reads of `size`, as owned strings. With
-    /// `pool`, the reader borrows its buffer from it before every step and parks after every
-    /// step (more often than the driver, which parks once per turn).
+    /// `park`, the reader gives its buffer back to `pool` before every step (more often than the
+    /// driver, which parks once per turn) and takes one again to read.
     fn transcript_with(
         bytes: &[u8],
         size: usize,
         max: usize,
-        mut pool: Option<&mut BufferPool>,
+        pool: &mut BufferPool,
+        park: bool,
     ) -> Vec<String> {
         let mut src = Chunks {
             data: bytes.iter().copied().collect(),
@@ -667,11 +660,10 @@ mod tests {
         let mut reader = FrameReader::new(max, &[]);
         let mut out = Vec::new();
         loop {
-            if let Some(pool) = pool.as_deref_mut() {
+            if park {
                 reader.park(pool);
-                reader.unpark(pool);
             }
-            let step = reader.read_from(&mut src);
+            let step = reader.read_from(&mut src, pool);
             let line = describe(&step);
             let end = !matches!(
                 step,
@@ -687,7 +679,7 @@ mod tests {
     }
 
     fn transcript(bytes: &[u8], size: usize, max: usize) -> Vec<String> {
-        transcript_with(bytes, size, max, None)
+        transcript_with(bytes, size, max, &mut BufferPool::default(), false)
     }
 
     /// The transcript of `bytes`, checked to be the same for every read size, with and without
@@ -697,7 +689,7 @@ mod tests {
         let mut pool = BufferPool::default();
         for size in [1, 2, 3, 7, 13, 200, usize::MAX] {
             assert_eq!(transcript(bytes, size, max), whole, "reads of {size}");
-            let parking = transcript_with(bytes, size, max, Some(&mut pool));
+            let parking = transcript_with(bytes, size, max, &mut pool, true);
             assert_eq!(parking, whole, "reads of {size}, parking");
         }
         assert!(pool.free_buffers() <= POOL_BUFFERS_MAX);
@@ -741,18 +733,25 @@ mod tests {
 
     #[test]
     fn the_buffer_shrinks_back_after_a_large_frame() {
+        let mut pool = BufferPool::default();
         let big = "y".repeat(200_000);
         let mut src = waiting(frame(true, OPCODE_TEXT, big.as_bytes()));
         let mut reader = FrameReader::new(1 << 20, &[]);
-        assert!(matches!(reader.read_from(&mut src), Step::Text(t) if t.len() == 200_000));
+        assert!(
+            matches!(reader.read_from(&mut src, &mut pool), Step::Text(t) if t.len() == 200_000)
+        );
         assert!(reader.capacity() > 200_000);
         src.data.extend(frame(true, OPCODE_TEXT, b"small"));
-        assert_eq!(describe(&reader.read_from(&mut src)), "text small");
+        assert_eq!(
+            describe(&reader.read_from(&mut src, &mut pool)),
+            "text small"
+        );
         assert_eq!(reader.capacity(), READ_BUFFER_BYTES);
     }
 
     #[test]
     fn an_announced_length_reserves_nothing_until_its_bytes_arrive() {
+        let mut pool = BufferPool::default();
         let mut header = vec![0x81, 0x80 | 127];
         header.extend_from_slice(&(16u64 << 20).to_be_bytes());
         header.extend_from_slice(&[1, 2, 3, 4]);
@@ -761,25 +760,32 @@ mod tests {
         let mut reader = FrameReader::new(16 << 20, &[]);
         // Many turns, a few bytes each: the buffer only grows once it is full.
         for _ in 0..100 {
-            assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+            assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "drained");
             src.data.extend([b'x'; 10]);
         }
         assert_eq!(reader.capacity(), READ_BUFFER_BYTES);
         // Filling the buffer doubles it, no more.
         src.data
             .extend(std::iter::repeat_n(b'x', READ_BUFFER_BYTES));
-        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+        assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "drained");
         assert_eq!(reader.capacity(), 2 * READ_BUFFER_BYTES);
     }
 
     #[test]
     fn early_bytes_are_read_first() {
+        let mut pool = BufferPool::default();
         let early = frame(true, OPCODE_TEXT, b"early");
         let mut src = waiting(frame(true, OPCODE_TEXT, b"later"));
         let mut reader = FrameReader::new(1024, &early);
-        assert_eq!(describe(&reader.read_from(&mut src)), "text early");
-        assert_eq!(describe(&reader.read_from(&mut src)), "text later");
-        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+        assert_eq!(
+            describe(&reader.read_from(&mut src, &mut pool)),
+            "text early"
+        );
+        assert_eq!(
+            describe(&reader.read_from(&mut src, &mut pool)),
+            "text later"
+        );
+        assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "drained");
     }
 
     #[test]
@@ -795,9 +801,9 @@ mod tests {
             !reader.holds_buffer(),
             "a new reader takes no buffer until it reads"
         );
-        reader.unpark(&mut pool);
-        assert_eq!(describe(&reader.read_from(&mut src)), "text one");
-        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+        assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "text one");
+        assert!(reader.holds_buffer());
+        assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "drained");
         // 100 bytes of the second frame are left: set aside, the buffer goes back.
         reader.park(&mut pool);
         assert!(!reader.holds_buffer());
@@ -809,17 +815,20 @@ mod tests {
             reader.capacity()
         );
         src.data.extend(second[100..].iter().copied());
-        reader.unpark(&mut pool);
-        assert_eq!(pool.free_buffers(), 0);
         assert_eq!(
-            describe(&reader.read_from(&mut src)),
+            describe(&reader.read_from(&mut src, &mut pool)),
             format!("text {}", "x".repeat(300))
+        );
+        assert_eq!(
+            pool.free_buffers(),
+            0,
+            "the reader took the pooled buffer back"
         );
         // More than `PARKED_BYTES_MAX` unparsed (a turn's budget ran out): the buffer stays.
         let many: Vec<u8> = (0..20).flat_map(|_| second.clone()).collect();
         src.data.extend(many);
         assert_eq!(
-            describe(&reader.read_from(&mut src)),
+            describe(&reader.read_from(&mut src, &mut pool)),
             format!("text {}", "x".repeat(300))
         );
         assert!(reader.buffered() > PARKED_BYTES_MAX);
@@ -827,9 +836,11 @@ mod tests {
         assert!(reader.holds_buffer());
         assert_eq!(pool.free_buffers(), 0);
         for _ in 0..19 {
-            assert!(matches!(reader.read_from(&mut src), Step::Text(t) if t.len() == 300));
+            assert!(
+                matches!(reader.read_from(&mut src, &mut pool), Step::Text(t) if t.len() == 300)
+            );
         }
-        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+        assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "drained");
         reader.park(&mut pool);
         assert!(!reader.holds_buffer());
         assert_eq!(reader.buffered(), 0);
@@ -842,9 +853,11 @@ mod tests {
         let mut src = waiting(Vec::new());
         let mut reader = FrameReader::new(1024, &early);
         assert_eq!(reader.buffered(), early.len());
-        reader.unpark(&mut pool);
-        assert_eq!(describe(&reader.read_from(&mut src)), "text early");
-        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+        assert_eq!(
+            describe(&reader.read_from(&mut src, &mut pool)),
+            "text early"
+        );
+        assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "drained");
     }
 
     #[test]
@@ -854,7 +867,10 @@ mod tests {
             .map(|_| FrameReader::new(1 << 20, &[]))
             .collect();
         for reader in &mut readers {
-            reader.unpark(&mut pool);
+            assert!(matches!(
+                reader.read_from(&mut waiting([]), &mut pool),
+                Step::Drained
+            ));
         }
         for reader in &mut readers {
             reader.park(&mut pool);
@@ -862,16 +878,22 @@ mod tests {
         assert_eq!(pool.free_buffers(), POOL_BUFFERS_MAX);
         // The buffer a reader gives back is the next one lent (warm in cache).
         let mut a = FrameReader::new(1 << 20, &[]);
-        a.unpark(&mut pool);
+        assert!(matches!(
+            a.read_from(&mut waiting([]), &mut pool),
+            Step::Drained
+        ));
         let lent = a.buf.as_ptr();
         a.park(&mut pool);
         let mut b = FrameReader::new(1 << 20, &[]);
-        b.unpark(&mut pool);
+        assert!(matches!(
+            b.read_from(&mut waiting([]), &mut pool),
+            Step::Drained
+        ));
         assert_eq!(b.buf.as_ptr(), lent);
         // A buffer grown for a large frame is freed, not pooled.
         let big = "y".repeat(100_000);
         let mut src = waiting(frame(true, OPCODE_TEXT, big.as_bytes()));
-        assert!(matches!(b.read_from(&mut src), Step::Text(t) if t.len() == 100_000));
+        assert!(matches!(b.read_from(&mut src, &mut pool), Step::Text(t) if t.len() == 100_000));
         let free = pool.free_buffers();
         b.park(&mut pool);
         assert!(!b.holds_buffer());
@@ -929,29 +951,41 @@ mod tests {
 
     #[test]
     fn a_partial_frame_waits_and_eof_ends_it() {
+        let mut pool = BufferPool::default();
         let bytes = frame(true, OPCODE_TEXT, b"incomplete");
         let mut src = waiting(bytes[..8].iter().copied());
         let mut reader = FrameReader::new(1024, &[]);
-        assert_eq!(describe(&reader.read_from(&mut src)), "drained");
+        assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "drained");
         assert_eq!(reader.buffered(), 8);
         src.data.extend(&bytes[8..]);
-        assert_eq!(describe(&reader.read_from(&mut src)), "text incomplete");
+        assert_eq!(
+            describe(&reader.read_from(&mut src, &mut pool)),
+            "text incomplete"
+        );
         src.eof = true;
-        assert_eq!(describe(&reader.read_from(&mut src)), "eof");
+        assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "eof");
     }
 
     #[test]
     fn nothing_is_parsed_after_a_close_or_a_violation() {
+        let mut pool = BufferPool::default();
         let mut bytes = frame(true, OPCODE_CLOSE, b"");
         bytes.extend(frame(true, OPCODE_TEXT, b"after close"));
         let mut src = waiting(bytes);
         let mut reader = FrameReader::new(1024, &[]);
-        assert_eq!(describe(&reader.read_from(&mut src)), "close None");
-        assert!(matches!(reader.read_from(&mut src), Step::Fail(_)));
+        assert_eq!(
+            describe(&reader.read_from(&mut src, &mut pool)),
+            "close None"
+        );
+        assert!(matches!(
+            reader.read_from(&mut src, &mut pool),
+            Step::Fail(_)
+        ));
     }
 
     #[test]
     fn every_fragment_is_a_step_so_the_turn_budget_sees_it() {
+        let mut pool = BufferPool::default();
         let mut bytes = frame(false, OPCODE_TEXT, b"a");
         for _ in 0..1000 {
             bytes.extend(frame(false, OPCODE_CONTINUATION, b""));
@@ -960,9 +994,9 @@ mod tests {
         let mut src = waiting(bytes);
         let mut reader = FrameReader::new(1024, &[]);
         for _ in 0..1001 {
-            assert_eq!(describe(&reader.read_from(&mut src)), "fragment");
+            assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "fragment");
         }
-        assert_eq!(describe(&reader.read_from(&mut src)), "text ab");
+        assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "text ab");
     }
 
     #[test]
@@ -1001,6 +1035,7 @@ mod tests {
 
     #[test]
     fn ascii_and_multibyte_text_frames_alike_reach_the_core() {
+        let mut pool = BufferPool::default();
         // The ASCII path skips `from_utf8`; the other path keeps it, and still refuses bad bytes.
         for (payload, expect) in [
             (
@@ -1015,7 +1050,7 @@ mod tests {
         ] {
             let mut reader = FrameReader::new(1 << 20, &[]);
             let mut src = waiting(frame(true, OPCODE_TEXT, payload));
-            assert_eq!(describe(&reader.read_from(&mut src)), expect);
+            assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), expect);
         }
     }
 }
