@@ -6,9 +6,10 @@
 //! axhost-sim --runs M [--start S]     M seeds from S (default 0)
 //! ```
 //! Add `--twice` to run every seed twice and compare digests, `--trace` to print every step
-//! and frame to stderr, `--keep-going` to run the whole range past violations and list them. A range ends with the client-services outcomes the checker saw, the
-//! idle clientIds released and the chat actions the chat limits refused, summed over its seeds. On a violation it prints the violation, the options and the replay command,
-//! and exits with status 1.
+//! and frame to stderr, `--keep-going` to run the whole range past violations and list them.
+//! A range ends with the client-services outcomes the checker saw, the idle clientIds released
+//! and the chat actions the chat limits refused, summed over its seeds. On a violation it
+//! prints the violation, the options and the replay command, and exits with status 1.
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
