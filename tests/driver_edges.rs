@@ -1,6 +1,7 @@
 //! Edges of the production driver's socket handling, against the real `axhost serve`: a last
 //! frame that arrives with the peer's FIN, a reply larger than the driver's own byte cap, a
-//! frame that announces far more than it sends, a frame that arrives in pieces, idle
+//! frame that announces far more than it sends, a lone sender's burst to many receivers (read
+//! in several rounds per turn), a frame that arrives in pieces, idle
 //! connections (which hold no read buffer), and sockets that never send a request head.
 //!
 //! Every test starts its own host process on a free port, so they run in parallel.
@@ -219,6 +220,57 @@ fn idle_connections_hold_no_read_buffer() {
         per_peer < 10 * 1024,
         "{PEERS} idle connections cost the host {per_peer} bytes each"
     );
+}
+
+/// A lone sender's burst fanned out to many receivers reaches each of them whole and in order.
+/// The driver reads such a sender several times per loop turn (`read_rounds`: up to 1,024
+/// messages before it writes, where one round reads 64), parking its read buffer between rounds;
+/// this drives that path through the real binary with frames cut anywhere by TCP.
+#[test]
+fn a_lone_senders_burst_to_many_receivers_arrives_whole_and_in_order() {
+    const OWNERS: usize = 16;
+    const PER_OWNER: usize = 300;
+    let host = HostProcess::start();
+    let mut owners = Vec::new();
+    let mut services = Vec::new();
+    for i in 0..OWNERS {
+        let (mut ws, _) = host.ws_init(&format!("owner-{i}"), &[]);
+        services.push(ws.register_service(json!({"protocol": "burst"}), None));
+        owners.push(ws);
+    }
+    let (mut sender, _) = host.ws_init("sender", &[]);
+    let mut burst = Vec::new();
+    for n in 0..OWNERS * PER_OWNER {
+        let text = json!({"jsonrpc": "2.0", "method": "clientService/notify",
+                          "params": {"channel": CATALOG, "serviceId": services[n % OWNERS],
+                                     "method": "seq", "params": {"n": n}}})
+        .to_string();
+        burst.extend(client_frame(true, 0x1, text.as_bytes()));
+    }
+    // Answered only after every notification before it was handled.
+    let ping = json!({"jsonrpc": "2.0", "id": 99, "method": "ping", "params": {"channel": ROOT}});
+    burst.extend(client_frame(true, 0x1, ping.to_string().as_bytes()));
+    sender.write_raw(&burst);
+    assert_eq!(sender.response(99)["result"], Value::Null);
+    for (i, owner) in owners.iter_mut().enumerate() {
+        for k in 0..PER_OWNER {
+            let v = owner.notification("clientService/notification");
+            assert_eq!(
+                v["params"]["params"]["n"],
+                json!(k * OWNERS + i),
+                "owner {i}, notification {k}: {v}"
+            );
+        }
+        // Nothing more, and the connection is still served.
+        assert_eq!(owner.ok("ping", json!({"channel": ROOT})), Value::Null);
+        assert!(
+            !owner
+                .drain(0)
+                .iter()
+                .any(|v| v["method"] == "clientService/notification"),
+            "owner {i} got more than its {PER_OWNER}"
+        );
+    }
 }
 
 /// A frame larger than the read buffer that trickles in, in pieces, is read whole.

@@ -3,10 +3,10 @@
 //! parser with its bounds, the router, the origin check), `credentials::token_from_request` and
 //! `Credentials::authenticate`, then the server's own WebSocket reader
 //! (`axhost_io::server::frame_reader`, `FrameReader::read_from`, which also decides every close
-//! code; its buffer is taken from a `BufferPool` and given back after each turn, as the driver
-//! does) and the answers it writes (`websocket::encode_answer`), reading from an in-memory peer
-//! that hands its bytes over in generated chunks across several loop turns
-//! (`MESSAGES_PER_TURN_MAX` messages each), optionally ending with EOF.
+//! code; its buffer is taken from a `BufferPool` and given back after each read round, as the
+//! driver does) and the answers it writes (`websocket::encode_answer`), reading from an in-memory
+//! peer that hands its bytes over in generated chunks across several loop turns (read in rounds
+//! of at most `MESSAGES_PER_READ_MAX` messages), optionally ending with EOF.
 //!
 //! Only the turn structure is repeated here: `Driver::read_head` (read into a buffer of at most
 //! `HEAD_BYTES_MAX`, parse after each read) and the loop of `Driver::read_messages` (a step, its
@@ -40,7 +40,7 @@ use axhost_io::server::http::{
     origin_allowed, parse_head, route, Head, Route, Status, HEAD_BYTES_MAX,
 };
 use axhost_io::server::websocket::{encode_answer, BufferPool, Step as WsStep};
-use axhost_io::server::{frame_reader, MESSAGES_PER_TURN_MAX};
+use axhost_io::server::{frame_reader, MESSAGES_PER_READ_MAX};
 use axhost_io::PrincipalEntry;
 use tungstenite::error::ProtocolError;
 use tungstenite::protocol::Role as WsRole;
@@ -333,15 +333,15 @@ pub fn serve(
         return refused(Status::Forbidden);
     }
     let mut reader = frame_reader(limits, &head[len..]);
-    // As in the driver: a buffer borrowed for each read, given back at the end of a turn.
+    // As in the driver: a buffer borrowed for each read, given back at the end of a read round.
     let mut pool = BufferPool::default();
     let max = usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX);
     let mut events = Vec::new();
     let mut written = Vec::new();
-    // `read_messages`, once per turn.
+    // `read_messages`, once per read round (several rounds may share a loop turn).
     let stop = loop {
         let mut stop = None;
-        for _ in 0..MESSAGES_PER_TURN_MAX {
+        for _ in 0..MESSAGES_PER_READ_MAX {
             let step = reader.read_from(&mut peer, &mut pool);
             encode_answer(&mut written, &step);
             match step {
@@ -358,7 +358,7 @@ pub fn serve(
                     assert!(p.len() <= 125);
                     events.push(Event::Pong(p.to_vec()));
                 }
-                // Part of a message: counts against the turn's budget like any frame.
+                // Part of a message: counts against the round's budget like any frame.
                 WsStep::Fragment => {}
                 WsStep::Close(code) => {
                     stop = Some(Stop::PeerClosed(code.unwrap_or(1005)));
@@ -385,7 +385,7 @@ pub fn serve(
         }
         reader.park(&mut pool);
         match stop {
-            // The budget ran out: the server reads on next turn.
+            // The budget ran out: the server reads again in its next round or turn.
             None => continue,
             Some(Stop::Idle) if peer.more_turns() => peer.next_turn(),
             Some(stop) => break stop,

@@ -21,6 +21,7 @@
 
 mod busy_poll;
 pub mod http;
+pub mod read_rounds;
 pub mod websocket;
 mod wire;
 
@@ -35,6 +36,7 @@ use busy_poll::BusyPoll;
 use http::{Head, Route, Status};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
+pub use read_rounds::MESSAGES_PER_READ_MAX;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
 use websocket::{BufferPool, FrameReader, Step};
@@ -75,11 +77,6 @@ const SIGNALS: Token = Token(usize::MAX - 2);
 
 /// Events taken from one `poll` call.
 const EVENTS_PER_POLL_MAX: usize = 1024;
-
-/// WebSocket messages read from one connection per loop turn, so one busy peer cannot starve the
-/// others; the rest waits for the next turn (the connection stays on the read backlog). Public
-/// so the `websocket` fuzz target reads in the same turns.
-pub const MESSAGES_PER_TURN_MAX: usize = 64;
 
 /// Reads of discarded bytes per turn for a connection that is closing.
 const DISCARD_READS_PER_TURN_MAX: usize = 16;
@@ -357,14 +354,21 @@ impl<S: Store> Driver<S> {
         }
     }
 
-    /// One turn after the events are sorted: read, time, decide, write.
+    /// One turn after the events are sorted: read (in rounds, `read_rounds`), time, decide,
+    /// write.
     fn turn(&mut self) {
-        for id in std::mem::take(&mut self.backlog) {
-            match self.slots.get_mut(&id) {
-                Some(slot) => slot.in_backlog = false,
-                None => continue,
+        let (mut rounds, mut messages) = (0, 0);
+        while !self.backlog.is_empty()
+            && (rounds == 0 || read_rounds::read_again(rounds, messages, self.dirty.len()))
+        {
+            for id in std::mem::take(&mut self.backlog) {
+                match self.slots.get_mut(&id) {
+                    Some(slot) => slot.in_backlog = false,
+                    None => continue,
+                }
+                messages += self.on_readable(id);
             }
-            self.on_readable(id);
+            rounds += 1;
         }
         let now = self.clock.now();
         if self.host.poll_timeout().is_some_and(|at| at <= now.mono) {
@@ -586,18 +590,25 @@ impl<S: Store> Driver<S> {
         self.overload_log_ms = now_ms.saturating_add(OVERLOAD_LOG_MS);
     }
 
-    fn on_readable(&mut self, id: u64) {
+    /// Reads what connection `id` has for this read round; returns the WebSocket messages read.
+    fn on_readable(&mut self, id: u64) -> usize {
         let Some(slot) = self.slots.get_mut(&id) else {
-            return;
+            return 0;
         };
         if let Some(wire) = slot.wire_mut() {
             wire.start_read_turn();
         }
         match slot.phase {
-            Phase::Head { .. } => self.read_head(id),
+            Phase::Head { .. } => {
+                self.read_head(id);
+                0
+            }
             Phase::Open { .. } => self.read_messages(id),
-            Phase::Closing { .. } => self.read_discard(id),
-            Phase::Moving => {}
+            Phase::Closing { .. } => {
+                self.read_discard(id);
+                0
+            }
+            Phase::Moving => 0,
         }
     }
 
@@ -799,30 +810,33 @@ impl<S: Store> Driver<S> {
         self.mark_readable(id);
     }
 
-    /// Reads up to a turn's worth of WebSocket messages and feeds the core, carrying out the
-    /// core's decisions after each one. Doing that at once, rather than after the whole turn,
+    /// Reads up to a read round's worth of WebSocket messages (`MESSAGES_PER_READ_MAX`) and
+    /// feeds the core, carrying out the core's decisions after each one; returns the messages
+    /// read. Doing that at once, rather than after the whole turn,
     /// frees each forwarded frame right after it is copied into its `Wire`, while it is still in
     /// cache, and keeps the allocator recycling one buffer instead of holding a turn's worth (a
     /// batch of allocations and then a batch of frees took `malloc` off its fast path: 10% of
     /// the host at 64->64).
-    fn read_messages(&mut self, id: u64) {
+    fn read_messages(&mut self, id: u64) -> usize {
         let now = self.clock.now();
         let conn = ConnId(id);
         let mut heard = false;
         let mut stop = Stop::Budget;
-        for _ in 0..MESSAGES_PER_TURN_MAX {
+        let mut messages = 0;
+        for _ in 0..MESSAGES_PER_READ_MAX {
             let Some(slot) = self.slots.get_mut(&id) else {
-                return;
+                return messages;
             };
             let Phase::Open { wire, reader, .. } = &mut slot.phase else {
                 // The core closed it while handling the last message.
-                return;
+                return messages;
             };
             let step = reader.read_from(wire, &mut self.read_buffers);
             wire.push_answer(&step);
             match step {
                 Step::Text(text) => {
                     heard = true;
+                    messages += 1;
                     self.host.handle(now, Input::Message { conn, text });
                     self.drain_outputs(now);
                 }
@@ -871,7 +885,8 @@ impl<S: Store> Driver<S> {
         match stop {
             Stop::Drained => {}
             Stop::Budget => {
-                // Edge-triggered: no new event will say the rest is there. Read it next turn.
+                // Edge-triggered: no new event will say the rest is there. Read it in the next
+                // round or turn.
                 self.mark_readable(id);
             }
             Stop::Close(code, reason) => self.close(id, code, reason, now),
@@ -881,6 +896,7 @@ impl<S: Store> Driver<S> {
             }
             Stop::Gone(why) => self.drop_slot(id, why, now),
         }
+        messages
     }
 
     /// Reads and throws away what a closing peer still sends, watching for its EOF.
