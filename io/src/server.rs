@@ -590,7 +590,8 @@ impl<S: Store> Driver<S> {
         self.overload_log_ms = now_ms.saturating_add(OVERLOAD_LOG_MS);
     }
 
-    /// Reads what connection `id` has for this read round; returns the WebSocket messages read.
+    /// Reads what connection `id` has for this read round; returns its share of the round as
+    /// `read_rounds` counts it.
     fn on_readable(&mut self, id: u64) -> usize {
         let Some(slot) = self.slots.get_mut(&id) else {
             return 0;
@@ -605,8 +606,10 @@ impl<S: Store> Driver<S> {
             }
             Phase::Open { .. } => self.read_messages(id),
             Phase::Closing { .. } => {
+                // Discarding counts as a full share: a closing peer that keeps sending earns no
+                // extra rounds.
                 self.read_discard(id);
-                0
+                MESSAGES_PER_READ_MAX
             }
             Phase::Moving => 0,
         }
@@ -811,8 +814,9 @@ impl<S: Store> Driver<S> {
     }
 
     /// Reads up to a read round's worth of WebSocket messages (`MESSAGES_PER_READ_MAX`) and
-    /// feeds the core, carrying out the core's decisions after each one; returns the messages
-    /// read. Doing that at once, rather than after the whole turn,
+    /// feeds the core, carrying out the core's decisions after each one; returns the steps taken
+    /// (frames, pings and fragments included, so a flood of control frames earns no extra read
+    /// rounds). Doing that at once, rather than after the whole turn,
     /// frees each forwarded frame right after it is copied into its `Wire`, while it is still in
     /// cache, and keeps the allocator recycling one buffer instead of holding a turn's worth (a
     /// batch of allocations and then a batch of frees took `malloc` off its fast path: 10% of
@@ -822,21 +826,21 @@ impl<S: Store> Driver<S> {
         let conn = ConnId(id);
         let mut heard = false;
         let mut stop = Stop::Budget;
-        let mut messages = 0;
+        let mut steps = 0;
         for _ in 0..MESSAGES_PER_READ_MAX {
             let Some(slot) = self.slots.get_mut(&id) else {
-                return messages;
+                return steps;
             };
             let Phase::Open { wire, reader, .. } = &mut slot.phase else {
                 // The core closed it while handling the last message.
-                return messages;
+                return steps;
             };
+            steps += 1;
             let step = reader.read_from(wire, &mut self.read_buffers);
             wire.push_answer(&step);
             match step {
                 Step::Text(text) => {
                     heard = true;
-                    messages += 1;
                     self.host.handle(now, Input::Message { conn, text });
                     self.drain_outputs(now);
                 }
@@ -896,7 +900,7 @@ impl<S: Store> Driver<S> {
             }
             Stop::Gone(why) => self.drop_slot(id, why, now),
         }
-        messages
+        steps
     }
 
     /// Reads and throws away what a closing peer still sends, watching for its EOF.

@@ -26,8 +26,9 @@ pub const MESSAGES_PER_READ_MAX: usize = 64;
 /// `MESSAGES_PER_READ_MAX`).
 pub const TURN_MESSAGES_MAX: usize = 1024;
 
-/// Read rounds per turn at most, so a turn that reads only control frames or closing sockets
-/// (which count no messages) still ends.
+/// Read rounds per turn at most. Every step a read takes counts as a message (a ping, a
+/// fragment, a frame that ends in an error), and a closing socket's discard pass as a full
+/// share, so this bounds only turns whose rounds read next to nothing.
 pub const READ_ROUNDS_MAX: usize = 16;
 
 /// Whether a turn that has done `rounds` read rounds, read `messages` messages and has output
@@ -84,7 +85,7 @@ mod tests {
     fn a_turn_never_reads_past_what_is_queued_or_the_round_cap() {
         assert_eq!(rounds_for(1, 100, 16), (2, 100));
         assert!(!read_again(READ_ROUNDS_MAX, 0, 1_000));
-        // Rounds that read no messages (control frames, closing sockets) still end.
+        // Rounds that read next to nothing still end.
         assert!(read_again(READ_ROUNDS_MAX - 1, 0, 0));
         assert!(!read_again(0, TURN_MESSAGES_MAX, 1_000));
     }
