@@ -223,14 +223,18 @@ fn idle_connections_hold_no_read_buffer() {
 }
 
 /// A lone sender's burst fanned out to many receivers reaches each of them whole and in order.
-/// The driver reads such a sender several times per loop turn (`read_rounds`: up to 1,024
-/// messages before it writes, where one round reads 64), parking its read buffer between rounds;
-/// this drives that path through the real binary with frames cut anywhere by TCP.
+/// The driver reads such a sender several times per loop turn (`read_rounds`: up to 16 rounds of
+/// 64 steps before it writes, where one round would give each receiver 4 frames), parking its
+/// read buffer between rounds; this drives that path through the real binary with frames cut
+/// anywhere by TCP, and checks from the driver's debug log that it was taken.
 #[test]
 fn a_lone_senders_burst_to_many_receivers_arrives_whole_and_in_order() {
     const OWNERS: usize = 16;
     const PER_OWNER: usize = 300;
-    let host = HostProcess::start();
+    // At debug the driver logs each turn that read more than one round.
+    let host = HostProcess::builder()
+        .env("RUST_LOG", "info,axhost_io::server=debug")
+        .start();
     let mut owners = Vec::new();
     let mut services = Vec::new();
     for i in 0..OWNERS {
@@ -271,6 +275,26 @@ fn a_lone_senders_burst_to_many_receivers_arrives_whole_and_in_order() {
             "owner {i} got more than its {PER_OWNER}"
         );
     }
+    // The burst did take the multi-round path: one sender's 64 steps a round fed 16
+    // destinations 4 frames each, so turns went round again (16 rounds of 64 when the socket
+    // held enough).
+    let log = host.stderr();
+    let rounds: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("turn read in rounds"))
+        .filter_map(|l| {
+            l.split("rounds=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(
+        rounds.iter().any(|&r| r >= 4),
+        "no turn read the burst in several rounds: {rounds:?}"
+    );
 }
 
 /// A frame larger than the read buffer that trickles in, in pieces, is read whole.

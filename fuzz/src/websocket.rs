@@ -6,7 +6,7 @@
 //! code; its buffer is taken from a `BufferPool` and given back after each read round, as the
 //! driver does) and the answers it writes (`websocket::encode_answer`), reading from an in-memory
 //! peer that hands its bytes over in generated chunks across several loop turns (read in rounds
-//! of at most `MESSAGES_PER_READ_MAX` messages), optionally ending with EOF.
+//! of at most `MESSAGES_PER_READ_MAX` steps), optionally ending with EOF.
 //!
 //! Only the turn structure is repeated here: `Driver::read_head` (read into a buffer of at most
 //! `HEAD_BYTES_MAX`, parse after each read) and the loop of `Driver::read_messages` (a step, its

@@ -11,9 +11,10 @@
 //!   SIGINT / SIGTERM ─► stop accepting, close 1001 to every WebSocket, drain briefly, return
 //! ```
 //!
-//! Each loop turn: wait for events or the earliest deadline, read what is readable (a bounded
-//! number of messages per connection per turn), fire due timers, drain `poll_output` to `None`,
-//! write every connection with pending bytes, report what reached the socket, and repeat.
+//! Each loop turn: wait for events or the earliest deadline, read what is readable (in read
+//! rounds of a bounded number of steps per connection, more rounds only while the writes they
+//! feed are small: `read_rounds`), fire due timers, drain `poll_output` to `None`, write every
+//! connection with pending bytes, report what reached the socket, and repeat.
 //!
 //! Every connection gets a fresh `ConnId` at accept time (also used as its mio token), so ids are
 //! never reused; only connections that become WebSockets are ever shown to the core. The driver
@@ -21,7 +22,7 @@
 
 mod busy_poll;
 pub mod http;
-pub mod read_rounds;
+mod read_rounds;
 pub mod websocket;
 mod wire;
 
@@ -36,6 +37,7 @@ use busy_poll::BusyPoll;
 use http::{Head, Route, Status};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
+use read_rounds::TurnLoad;
 pub use read_rounds::MESSAGES_PER_READ_MAX;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
@@ -78,8 +80,8 @@ const SIGNALS: Token = Token(usize::MAX - 2);
 /// Events taken from one `poll` call.
 const EVENTS_PER_POLL_MAX: usize = 1024;
 
-/// Reads of discarded bytes per turn for a connection that is closing.
-const DISCARD_READS_PER_TURN_MAX: usize = 16;
+/// Reads of discarded bytes per read round for a connection that is closing.
+const DISCARD_READS_PER_ROUND_MAX: usize = 16;
 
 /// The frame reader the driver gives a connection that upgraded under `limits`: frames and
 /// messages capped at `frame_bytes_max`, starting with the bytes that followed the HTTP head.
@@ -169,6 +171,8 @@ struct Slot {
     /// Listed in `Driver::backlog` (to read this turn) / `Driver::dirty` (to write).
     in_backlog: bool,
     in_dirty: bool,
+    /// The last turn in which the core sent this connection a frame (`TurnLoad::destinations`).
+    sent_turn: u64,
 }
 
 impl Slot {
@@ -229,6 +233,10 @@ struct Driver<S: Store> {
     backlog: Vec<u64>,
     /// Connections with bytes to write this turn, each listed once (`Slot::in_dirty`).
     dirty: Vec<u64>,
+    /// Loop turns so far; `Slot::sent_turn` compares with it.
+    turn_no: u64,
+    /// What the current turn has read and queued, for `read_rounds`.
+    load: TurnLoad,
     accept_retry_ms: Option<u64>,
     /// Set once a signal asked us to stop: the time by which the driver returns regardless.
     stop_by_ms: Option<u64>,
@@ -269,6 +277,8 @@ impl<S: Store> Driver<S> {
             overload_dropped: 0,
             overload_log_ms: 0,
             backlog: Vec::new(),
+            turn_no: 0,
+            load: TurnLoad::default(),
             dirty: Vec::new(),
             accept_retry_ms: None,
             stop_by_ms: None,
@@ -357,18 +367,28 @@ impl<S: Store> Driver<S> {
     /// One turn after the events are sorted: read (in rounds, `read_rounds`), time, decide,
     /// write.
     fn turn(&mut self) {
-        let (mut rounds, mut messages) = (0, 0);
-        while !self.backlog.is_empty()
-            && (rounds == 0 || read_rounds::read_again(rounds, messages, self.dirty.len()))
-        {
+        self.turn_no += 1;
+        self.load = TurnLoad::default();
+        while !self.backlog.is_empty() && (self.load.rounds == 0 || self.load.read_again()) {
             for id in std::mem::take(&mut self.backlog) {
                 match self.slots.get_mut(&id) {
                     Some(slot) => slot.in_backlog = false,
                     None => continue,
                 }
-                messages += self.on_readable(id);
+                let steps = self.on_readable(id);
+                self.load.steps += steps;
             }
-            rounds += 1;
+            self.load.rounds += 1;
+        }
+        if self.load.rounds > 1 {
+            let l = self.load;
+            tracing::debug!(
+                rounds = l.rounds,
+                steps = l.steps,
+                frames = l.frames,
+                destinations = l.destinations,
+                "turn read in rounds"
+            );
         }
         let now = self.clock.now();
         if self.host.poll_timeout().is_some_and(|at| at <= now.mono) {
@@ -531,6 +551,7 @@ impl<S: Store> Driver<S> {
                     writable: false,
                     in_backlog: true,
                     in_dirty: false,
+                    sent_turn: 0,
                 },
             );
             self.backlog.push(id);
@@ -597,7 +618,7 @@ impl<S: Store> Driver<S> {
             return 0;
         };
         if let Some(wire) = slot.wire_mut() {
-            wire.start_read_turn();
+            wire.start_read_round();
         }
         match slot.phase {
             Phase::Head { .. } => {
@@ -919,7 +940,7 @@ impl<S: Store> Driver<S> {
             return;
         };
         let mut sink = [0u8; 4096];
-        for _ in 0..DISCARD_READS_PER_TURN_MAX {
+        for _ in 0..DISCARD_READS_PER_ROUND_MAX {
             match wire.read(&mut sink) {
                 Ok(0) => {
                     *peer_eof = true;
@@ -949,6 +970,11 @@ impl<S: Store> Driver<S> {
                         wire.push_text(frame.as_bytes());
                         if !std::mem::replace(&mut slot.in_dirty, true) {
                             self.dirty.push(conn.0);
+                        }
+                        self.load.frames += 1;
+                        self.load.bytes += frame.as_bytes().len();
+                        if std::mem::replace(&mut slot.sent_turn, self.turn_no) != self.turn_no {
+                            self.load.destinations += 1;
                         }
                     }
                     self.host.recycle(frame);
@@ -1112,11 +1138,11 @@ impl<S: Store> Driver<S> {
     }
 }
 
-/// Why a read turn on a WebSocket stopped.
+/// Why a read round on a WebSocket stopped.
 enum Stop {
     /// The socket has nothing more for now.
     Drained,
-    /// The turn's message budget ran out; more may wait.
+    /// The round's step budget ran out; more may wait.
     Budget,
     /// We close it with this code and reason.
     Close(u16, &'static str),

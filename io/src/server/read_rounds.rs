@@ -1,92 +1,176 @@
 //! How much one loop turn reads before it writes.
 //!
-//! A turn reads the connections on the read backlog, at most `MESSAGES_PER_READ_MAX` messages
-//! from each, and then writes what that produced, one write per destination. With many busy
-//! senders one pass over the backlog (a read round) already gives each destination a batch:
-//! 64 senders to 64 receivers read 4,096 messages, ~64 per write. With few senders and many
-//! destinations it did not: one sender fanning out to 16 receivers read 64 messages, 4 per
-//! write, and at 1→16 with 16 frames per write the host spent 1.0–1.4 µs of kernel time per
-//! message on those small writes (0.52–0.71 M msg/s; `benches/ab.sh`, `docs/performance.md`).
+//! A turn reads the connections on the read backlog, at most `MESSAGES_PER_READ_MAX` steps
+//! (frames, pings, fragments) from each, and then writes what that produced, one write per
+//! destination. With many busy senders one pass over the backlog (a read round) already gives
+//! each destination a batch: 64 senders to 64 receivers read 4,096 messages, ~64 per write. With
+//! few senders and many destinations it did not: one sender fanning out to 16 receivers read 64
+//! messages, 4 per write, and at 1→16 with 16 frames per write the host spent 1.1–1.4 µs of
+//! kernel time per message on those small writes (0.50–0.68 M msg/s; `benches/ab.sh`,
+//! `docs/performance.md`).
 //!
 //! So the turn goes round the backlog again, in the same order and with the same share per
-//! connection, while it has read fewer than `MESSAGES_PER_READ_MAX` messages per connection it
-//! has output for, up to `TURN_MESSAGES_MAX` messages and `READ_ROUNDS_MAX` rounds. A turn
-//! whose first round gives every destination a batch (64→64, 16→16, 1→1) is unchanged; a lone
-//! sender's turn grows until its writes carry about as much as theirs. Fairness is that of one
-//! round: no connection is read again before every other busy one has been read as often.
+//! connection, while what it has queued so far averages less than a batch per destination
+//! (`BATCH_FRAMES` frames and `BATCH_BYTES` bytes), counting only the connections that were sent
+//! something during this turn's reads. No round starts after `TURN_STEPS_MAX` steps,
+//! `TURN_BYTES_MAX` queued bytes or `READ_ROUNDS_MAX` rounds; a round that has started finishes.
+//! A turn whose first round gives every destination a batch (64→64, 16→16, 1→1, or one
+//! `dispatchAction` fanned out to many subscribers) reads as it did before rounds; a lone
+//! sender's turn grows until its writes carry about as much as theirs.
+//!
+//! Fairness is that of one round among the connections on the backlog: none is read again
+//! before every other busy one has been read as often. Bytes that arrive during the turn wait
+//! for the next one, behind at most `TURN_STEPS_MAX` steps of further rounds (under a
+//! millisecond of work), as they waited behind the first round before.
 
-/// WebSocket messages read from one connection in one read round, so one busy peer cannot
-/// starve the others; the rest waits for the next round or turn (the connection stays on the
-/// read backlog). Public so the `websocket` fuzz target reads in the same steps.
+/// Steps (WebSocket frames, control frames included) read from one connection in one read
+/// round, so one busy peer cannot starve the others; the rest waits for the next round or turn
+/// (the connection stays on the read backlog). Public so the `websocket` fuzz target reads in
+/// the same steps.
 pub const MESSAGES_PER_READ_MAX: usize = 64;
 
-/// Messages after which a turn starts no further read round: ~260 KiB of 200-byte
-/// notifications, so what a turn forwards stays within the L2 cache before it is written. The
-/// first round is not capped by this (it is bounded by the backlog times
-/// `MESSAGES_PER_READ_MAX`).
-pub const TURN_MESSAGES_MAX: usize = 1024;
+/// Frames per destination that count as a batch: as many as one round reads from a connection.
+pub const BATCH_FRAMES: usize = MESSAGES_PER_READ_MAX;
 
-/// Read rounds per turn at most. Every step a read takes counts as a message (a ping, a
-/// fragment, a frame that ends in an error), and a closing socket's discard pass as a full
-/// share, so this bounds only turns whose rounds read next to nothing.
+/// Bytes per destination that count as a batch, whatever the frames' size: 64 notifications
+/// of ~260 bytes, or 4 frames of 4 KiB.
+pub const BATCH_BYTES: usize = 16 * 1024;
+
+/// Read steps after which a turn starts no further round: ~260 KiB of forwarded 260-byte
+/// notification frames, so what a turn forwards stays in the L2 cache until it is written.
+/// The first round is bounded by the backlog times `MESSAGES_PER_READ_MAX` instead.
+pub const TURN_STEPS_MAX: usize = 1024;
+
+/// Queued bytes after which a turn starts no further round, for large frames.
+pub const TURN_BYTES_MAX: usize = 1 << 20;
+
+/// Read rounds per turn at most.
 pub const READ_ROUNDS_MAX: usize = 16;
 
-/// Whether a turn that has done `rounds` read rounds, read `messages` messages and has output
-/// waiting for `destinations` connections reads its backlog again before writing.
-pub fn read_again(rounds: usize, messages: usize, destinations: usize) -> bool {
-    rounds < READ_ROUNDS_MAX
-        && messages < TURN_MESSAGES_MAX
-        && messages < MESSAGES_PER_READ_MAX.saturating_mul(destinations.max(1))
+/// What a turn has read and queued so far.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TurnLoad {
+    /// Read rounds done.
+    pub rounds: usize,
+    /// Read steps taken; a closing socket's discard pass counts as a full share
+    /// (`MESSAGES_PER_READ_MAX`), so discarding alone earns no extra rounds.
+    pub steps: usize,
+    /// Frames queued to WebSockets during the reads, and their bytes.
+    pub frames: usize,
+    pub bytes: usize,
+    /// Connections that were queued at least one frame during the reads.
+    pub destinations: usize,
+}
+
+impl TurnLoad {
+    /// Whether the turn reads its backlog again before writing.
+    pub fn read_again(&self) -> bool {
+        let destinations = self.destinations.max(1);
+        self.rounds < READ_ROUNDS_MAX
+            && self.steps < TURN_STEPS_MAX
+            && self.bytes < TURN_BYTES_MAX
+            && self.frames < BATCH_FRAMES.saturating_mul(destinations)
+            && self.bytes < BATCH_BYTES.saturating_mul(destinations)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Rounds a turn reads when `senders` connections each have `queued` messages waiting and
-    /// every message goes to one of `destinations` connections.
-    fn rounds_for(senders: usize, queued: usize, destinations: usize) -> (usize, usize) {
+    /// A turn's rounds when `senders` connections each have `queued` messages waiting, every
+    /// message sends `fanout` frames of `frame_bytes` each, and the frames go round-robin to
+    /// `receivers` connections. Returns the rounds and the messages read.
+    fn turn(
+        senders: usize,
+        queued: usize,
+        receivers: usize,
+        fanout: usize,
+        frame_bytes: usize,
+    ) -> (usize, usize) {
         let mut left = vec![queued; senders];
-        let (mut rounds, mut messages) = (0, 0);
+        let mut load = TurnLoad::default();
+        let mut sent_to = vec![false; receivers];
+        let mut next = 0;
         loop {
-            let mut read = 0;
             for l in left.iter_mut() {
                 let n = (*l).min(MESSAGES_PER_READ_MAX);
                 *l -= n;
-                read += n;
+                load.steps += n;
+                for _ in 0..n * fanout {
+                    load.frames += 1;
+                    load.bytes += frame_bytes;
+                    if !std::mem::replace(&mut sent_to[next], true) {
+                        load.destinations += 1;
+                    }
+                    next = (next + 1) % receivers;
+                }
             }
-            rounds += 1;
-            messages += read;
-            let backlog = left.iter().any(|&l| l > 0);
-            if !backlog || !read_again(rounds, messages, destinations.min(messages)) {
-                return (rounds, messages);
+            load.rounds += 1;
+            if !left.iter().any(|&l| l > 0) || !load.read_again() {
+                return (load.rounds, load.steps);
             }
         }
     }
 
     #[test]
     fn many_senders_or_one_destination_read_one_round_as_before() {
-        assert_eq!(rounds_for(64, 10_000, 64), (1, 4096));
-        assert_eq!(rounds_for(16, 10_000, 16), (1, 1024));
-        assert_eq!(rounds_for(1, 10_000, 1), (1, 64));
+        assert_eq!(turn(64, 10_000, 64, 1, 260), (1, 4096));
+        assert_eq!(turn(16, 10_000, 16, 1, 260), (1, 1024));
+        assert_eq!(turn(1, 10_000, 1, 1, 260), (1, 64));
     }
 
     #[test]
     fn a_lone_sender_fanning_out_reads_until_each_destination_has_a_batch() {
-        // 1→16: 16 rounds of 64, 64 messages per write instead of 4.
-        assert_eq!(rounds_for(1, 10_000, 16), (16, 1024));
+        // 1→16: 16 rounds of 64, 64 frames per write instead of 4.
+        assert_eq!(turn(1, 10_000, 16, 1, 260), (16, 1024));
         // 1→4: four rounds, 64 per write.
-        assert_eq!(rounds_for(1, 10_000, 4), (4, 256));
-        // 2→64 wants 4,096 but stops at the turn's cap.
-        assert_eq!(rounds_for(2, 10_000, 64), (8, 1024));
+        assert_eq!(turn(1, 10_000, 4, 1, 260), (4, 256));
+        // 2→64 would take 32 rounds; the turn stops at its step cap.
+        assert_eq!(turn(2, 10_000, 64, 1, 260), (8, 1024));
     }
 
     #[test]
-    fn a_turn_never_reads_past_what_is_queued_or_the_round_cap() {
-        assert_eq!(rounds_for(1, 100, 16), (2, 100));
-        assert!(!read_again(READ_ROUNDS_MAX, 0, 1_000));
-        // Rounds that read next to nothing still end.
-        assert!(read_again(READ_ROUNDS_MAX - 1, 0, 0));
-        assert!(!read_again(0, TURN_MESSAGES_MAX, 1_000));
+    fn a_batch_is_counted_in_frames_queued_not_messages_read() {
+        // One dispatch fans out to 16 subscribers: one round already queues 64 frames for each.
+        assert_eq!(turn(1, 10_000, 16, 16, 300), (1, 64));
+        // 4 KiB frames: 4 per destination fill a batch's bytes, which one round gives 1→16.
+        assert_eq!(turn(1, 10_000, 16, 1, 4096), (1, 64));
+        // 1 KiB frames to 64 receivers: the turn's byte cap, 1 MiB, ends it at 16 per write.
+        assert_eq!(turn(1, 10_000, 64, 1, 1024), (16, 1024));
+        assert_eq!(turn(1, 10_000, 256, 1, 1024), (16, 1024));
+        assert_eq!(turn(1, 10_000, 64, 1, 8192), (2, 128));
+    }
+
+    #[test]
+    fn a_turn_never_reads_past_what_is_queued_or_its_caps() {
+        assert_eq!(turn(1, 100, 16, 1, 260), (2, 100));
+        let busy = TurnLoad {
+            destinations: 1_000,
+            ..TurnLoad::default()
+        };
+        assert!(busy.read_again());
+        assert!(!TurnLoad {
+            rounds: READ_ROUNDS_MAX,
+            ..busy
+        }
+        .read_again());
+        assert!(!TurnLoad {
+            steps: TURN_STEPS_MAX,
+            ..busy
+        }
+        .read_again());
+        assert!(!TurnLoad {
+            bytes: TURN_BYTES_MAX,
+            ..busy
+        }
+        .read_again());
+        // Reads that queue nothing (notifications to no one) still stop at the step cap.
+        let nowhere = TurnLoad {
+            rounds: 3,
+            steps: 192,
+            ..TurnLoad::default()
+        };
+        assert!(nowhere.read_again());
     }
 }

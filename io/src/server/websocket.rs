@@ -644,7 +644,7 @@ mod tests {
 
     /// Everything the reader produces from `bytes`, in reads of `size`, as owned strings. With
     /// `park`, the reader gives its buffer back to `pool` before every step (more often than the
-    /// driver, which parks once per turn) and takes one again to read.
+    /// driver, which parks once per read round) and takes one again to read.
     fn transcript_with(
         bytes: &[u8],
         size: usize,

@@ -41,7 +41,7 @@ pub(crate) struct Wire {
     /// Encoded bytes of the frames in `ledger`, so the driver can tell the bytes the core
     /// accounts for from its own (the HTTP response, pings, pongs, close frames).
     ledger_bytes: u64,
-    /// The last read this turn returned less than it asked for, so the socket was empty then.
+    /// The last read this round returned less than it asked for, so the socket was empty then.
     drained: bool,
     /// The peer's FIN (or an error) was reported: no later event will come, so reads go on
     /// until the socket itself says 0 or `WouldBlock`.
@@ -183,13 +183,14 @@ impl Wire {
 }
 
 impl Wire {
-    /// Called before each readiness-driven read turn: the next read goes to the socket.
-    pub(crate) fn start_read_turn(&mut self) {
+    /// Called before each read round of this connection (a loop turn has one or more,
+    /// `read_rounds`): the next read goes to the socket.
+    pub(crate) fn start_read_round(&mut self) {
         self.drained = false;
     }
 
     /// The poller reported the peer's FIN or an error. That edge was consumed by the wait that
-    /// started this turn, so a short read must no longer end the turn: the EOF may already sit
+    /// started this turn, so a short read must no longer end its reads: the EOF may already sit
     /// behind the last bytes, and nothing would ever report it again.
     pub(crate) fn mark_read_closed(&mut self) {
         self.read_closed = true;
@@ -198,11 +199,12 @@ impl Wire {
 
 /// The frame reader reads the peer's bytes straight from the socket.
 ///
-/// Sockets are edge-triggered, so a turn reads until `WouldBlock`. A read that returned less
-/// than it asked for has already emptied the socket, and bytes that arrive later raise a new
-/// readiness event (which starts a new turn), so the next read of the same turn answers
-/// `WouldBlock` without the syscall that would only say so. Under light load that is one
-/// `recvfrom` of the four syscalls a relayed message costs (measured with the load tool).
+/// Sockets are edge-triggered, so a connection is read until `WouldBlock` (over one or more read
+/// rounds). A read that returned less than it asked for has already emptied the socket, and
+/// bytes that arrive later raise a new readiness event (which the next turn reads), so the next
+/// read of the same round answers `WouldBlock` without the syscall that would only say so.
+/// Under light load that is one `recvfrom` of the four syscalls a relayed message costs
+/// (measured with the load tool).
 /// The one exception is a socket whose FIN was already reported (`mark_read_closed`): its
 /// EOF raises no new event, so it is read until the socket says so.
 impl Read for Wire {
@@ -256,7 +258,7 @@ mod tests {
             match wire.read(buf) {
                 Ok(n) => return n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    wire.start_read_turn();
+                    wire.start_read_round();
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
                 Err(e) => panic!("read: {e}"),
@@ -270,19 +272,19 @@ mod tests {
         let (mut wire, mut client) = pair();
         client.write_all(b"0123456789").expect("write");
         let mut buf = [0u8; 64];
-        wire.start_read_turn();
+        wire.start_read_round();
         assert_eq!(read_some(&mut wire, &mut buf), 10);
         // The socket was emptied by that short read: no syscall needed to learn it.
         let e = wire.read(&mut buf).expect_err("drained");
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         // Bytes that arrive later start a new turn (a readiness event) and are read.
         client.write_all(b"abc").expect("write");
-        wire.start_read_turn();
+        wire.start_read_round();
         assert_eq!(read_some(&mut wire, &mut buf), 3);
         assert_eq!(&buf[..3], b"abc");
         // A full read may have left more: the next read asks the socket.
         client.write_all(&[7u8; 100]).expect("write");
-        wire.start_read_turn();
+        wire.start_read_round();
         let mut small = [0u8; 40];
         let mut got = read_some(&mut wire, &mut small);
         assert_eq!(got, 40);
@@ -301,7 +303,7 @@ mod tests {
             .expect("shutdown");
         // Wait until both the bytes and the FIN are queued, as when one event reports both.
         std::thread::sleep(std::time::Duration::from_millis(50));
-        wire.start_read_turn();
+        wire.start_read_round();
         wire.mark_read_closed();
         let mut buf = [0u8; 64];
         assert_eq!(read_some(&mut wire, &mut buf), 10);
