@@ -136,10 +136,14 @@ mod tests {
         assert_eq!(turn(1, 10_000, 16, 16, 300), (1, 64));
         // 4 KiB frames: 4 per destination fill a batch's bytes, which one round gives 1→16.
         assert_eq!(turn(1, 10_000, 16, 1, 4096), (1, 64));
-        // 1 KiB frames to 64 receivers: the turn's byte cap, 1 MiB, ends it at 16 per write.
+        // 1 KiB frames to 64 or 256 receivers: the step cap (and 1 MiB) ends it at 16 rounds.
         assert_eq!(turn(1, 10_000, 64, 1, 1024), (16, 1024));
         assert_eq!(turn(1, 10_000, 256, 1, 1024), (16, 1024));
+        // 8 KiB frames to 64 receivers: two rounds give each its 16 KiB.
         assert_eq!(turn(1, 10_000, 64, 1, 8192), (2, 128));
+        // 8 KiB frames to 256 receivers: only the turn's byte cap, 1 MiB, ends it, far below a
+        // batch per destination (2 MiB by then) and the step cap.
+        assert_eq!(turn(1, 10_000, 256, 1, 8192), (2, 128));
     }
 
     #[test]
@@ -150,21 +154,23 @@ mod tests {
             ..TurnLoad::default()
         };
         assert!(busy.read_again());
-        assert!(!TurnLoad {
-            rounds: READ_ROUNDS_MAX,
-            ..busy
+        let capped = [
+            TurnLoad {
+                rounds: READ_ROUNDS_MAX,
+                ..busy
+            },
+            TurnLoad {
+                steps: TURN_STEPS_MAX,
+                ..busy
+            },
+            TurnLoad {
+                bytes: TURN_BYTES_MAX,
+                ..busy
+            },
+        ];
+        for load in capped {
+            assert!(!load.read_again(), "{load:?}");
         }
-        .read_again());
-        assert!(!TurnLoad {
-            steps: TURN_STEPS_MAX,
-            ..busy
-        }
-        .read_again());
-        assert!(!TurnLoad {
-            bytes: TURN_BYTES_MAX,
-            ..busy
-        }
-        .read_again());
         // Reads that queue nothing (notifications to no one) still stop at the step cap.
         let nowhere = TurnLoad {
             rounds: 3,
