@@ -72,7 +72,7 @@ pub enum Step<'a> {
     /// A pong (the answer to a keepalive ping).
     Pong(&'a [u8]),
     /// A fragment of a text message that is not complete yet. Returned, rather than read past,
-    /// so every frame counts against the caller's per-turn budget: a peer streaming empty
+    /// so every frame counts against the caller's per-round budget: a peer streaming empty
     /// continuation frames cannot hold the loop inside one call.
     Fragment,
     /// The peer closed. Echo `Some(code)` (a code not allowed on the wire became 1002), or an
@@ -210,7 +210,7 @@ impl FrameReader {
 
     /// Gives the buffer back to `pool` when at most [`PARKED_BYTES_MAX`] unparsed bytes are
     /// left (copied aside); the next [`FrameReader::read_from`] takes one again. Call at the
-    /// end of a connection's reads for the turn; a reader with more left, or in the middle of a
+    /// end of a connection's read round; a reader with more left, or in the middle of a
     /// frame that grew its buffer, keeps it.
     pub fn park(&mut self, pool: &mut BufferPool) {
         let left = self.end - self.start;
@@ -245,7 +245,7 @@ impl FrameReader {
 
     /// The next message or control frame, reading from `src` when the buffer holds no complete
     /// frame. Reads only until one event is ready, so a caller that stops after N steps leaves
-    /// the rest in the socket (the driver's per-turn budget). A parked reader first takes a
+    /// the rest in the socket (the driver's per-round budget). A parked reader first takes a
     /// buffer from `pool`, with its parked bytes at the front.
     ///
     /// Inlined into the driver's read loop so a text step's `&str` stays in registers: returned
@@ -824,7 +824,7 @@ mod tests {
             0,
             "the reader took the pooled buffer back"
         );
-        // More than `PARKED_BYTES_MAX` unparsed (a turn's budget ran out): the buffer stays.
+        // More than `PARKED_BYTES_MAX` unparsed (a round's budget ran out): the buffer stays.
         let many: Vec<u8> = (0..20).flat_map(|_| second.clone()).collect();
         src.data.extend(many);
         assert_eq!(
