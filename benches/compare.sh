@@ -471,6 +471,17 @@ ratio() { # numerator-system denominator-system case
     awk -v a="$a" -v b="$b" 'BEGIN { if (a=="-" || b=="-" || b==0) print "n/a"; else printf "%.2f", a/b }'
 }
 
+# Reps of a case whose p50 was over 1 ms, as "k of n". Flat out at one frame per write, a run
+# settles in one of two regimes ("Flat out with one frame per write", docs/performance.md): the
+# server keeps up and each of the tool's writes costs it a whole loopback send, or the server
+# falls a socket buffer behind and the tool's writes only queue. A p50 in milliseconds marks the
+# second.
+bulk_reps() { # system case
+    awk -F'\t' -v s="$1" -v c="$2" '
+        $1==s && $2==c && $3!="long" && $6!="ERR" && $6!="-" { n++; if ($6 > 1000) k++ }
+        END { printf "%d of %d", k, n }' "$RESULTS"
+}
+
 # Per-rep ratios: within a rep the systems' runs of one case go back to back, so their ratio is
 # less exposed to the VM's drift than the ratio of medians. Prints "r1, r2, ... (median m)".
 paired() { # numerator-system denominator-system case
@@ -527,6 +538,17 @@ OUT=${OUT:-$ROOT/benches/results/compare-$(date +%F).md}
                 echo "- axhost/$other delivered msg/s, 1→1 max, $batch frame(s) per write: $(ratio axhost "$other" "$key_1x1") (ratio of medians); per rep, sorted: $(paired axhost "$other" "$key_1x1")"
             done
         done
+    fi
+    regimes=()
+    for c in "${CASES[@]}"; do
+        read -r shape rate batch <<<"$c"
+        [ "$rate $batch" = "max 1" ] || continue
+        per_system=()
+        for system in $SYSTEMS; do per_system+=("$system $(bulk_reps "$system" "$shape/max/1")"); done
+        regimes+=("${shape/x/→} $(printf '%s, ' "${per_system[@]}" | sed 's/, $//')")
+    done
+    if [ ${#regimes[@]} -gt 0 ]; then
+        echo "- flat out at one frame per write, reps with a p50 over 1 ms (the tool's writes queued behind a full socket): $(printf '%s; ' "${regimes[@]}" | sed 's/; $//')"
     fi
     [ -n "$RSS_LINE" ] && echo "- $RSS_LINE"
     echo
