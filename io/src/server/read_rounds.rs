@@ -136,13 +136,15 @@ mod tests {
         assert_eq!(turn(1, 10_000, 16, 16, 300), (1, 64));
         // 4 KiB frames: 4 per destination fill a batch's bytes, which one round gives 1→16.
         assert_eq!(turn(1, 10_000, 16, 1, 4096), (1, 64));
-        // 1 KiB frames to 64 or 256 receivers: the step cap (and 1 MiB) ends it at 16 rounds.
+        // 1 KiB frames to 64 or 256 receivers: the round, step and byte caps all fall at 16
+        // rounds (1,024 steps, 1 MiB), before a batch per destination.
         assert_eq!(turn(1, 10_000, 64, 1, 1024), (16, 1024));
         assert_eq!(turn(1, 10_000, 256, 1, 1024), (16, 1024));
-        // 8 KiB frames to 64 receivers: two rounds give each its 16 KiB.
+        // 8 KiB frames to 64 receivers: two rounds give each its 16 KiB (1 MiB, the byte cap
+        // too).
         assert_eq!(turn(1, 10_000, 64, 1, 8192), (2, 128));
-        // 8 KiB frames to 256 receivers: only the turn's byte cap, 1 MiB, ends it, far below a
-        // batch per destination (2 MiB by then) and the step cap.
+        // 8 KiB frames to 256 receivers: only the turn's byte cap ends it. Two rounds queue 1
+        // MiB for 128 destinations, half a batch each (2 MiB in all), at 128 of 1,024 steps.
         assert_eq!(turn(1, 10_000, 256, 1, 8192), (2, 128));
     }
 
