@@ -234,6 +234,7 @@ fn serve_store(
         allowed_origins: cfg.allowed_origins.clone(),
         keepalive_ms: cfg.keepalive(),
         busy_poll_us: cfg.busy_poll(),
+        coalesce_us: cfg.coalesce(),
     };
     serve(host, opts, |addr| {
         let mut out = std::io::stdout().lock();

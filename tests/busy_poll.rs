@@ -1,5 +1,7 @@
 //! The real `axhost serve` busy-polls only under load: after a burst of back-to-back requests
-//! (which starts the spinning), an idle host goes back to sleeping and burns no CPU.
+//! (which starts the spinning), an idle host goes back to sleeping and burns no CPU. The same
+//! holds after a flat-out sender of one notification per write, the load that makes the driver
+//! coalesce its reads (`io/src/server/coalesce.rs`): it stops spinning gaps once the sender does.
 
 #![cfg(target_os = "linux")]
 
@@ -9,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
+
+/// Notifications the flat-out sender sends.
+const FLOOD: u64 = 50_000;
 
 /// User plus system CPU time of `pid`, in clock ticks (`/proc/PID/stat` fields 14 and 15).
 fn cpu_ticks(pid: u32) -> u64 {
@@ -48,5 +53,68 @@ fn an_idle_host_sleeps_after_a_burst() {
     assert_eq!(
         ws.ok("ping", json!({"channel": "ahp-root://"})),
         Value::Null
+    );
+}
+
+#[test]
+fn a_host_stops_coalescing_and_sleeps_after_a_flat_out_sender() {
+    let host = HostProcess::builder()
+        .env("RUST_LOG", "info,axhost_io::server=debug")
+        .start();
+    let pid = host.pid().expect("pid");
+    let (mut owner, _) = host.ws_init("owner", &[]);
+    let service = owner.register_service(json!({"protocol": "flood"}), None);
+    let (mut sender, _) = host.ws_init("sender", &[]);
+    // The owner reads on its own thread while the sender writes one frame per `send`.
+    let reader = std::thread::spawn(move || {
+        let mut next = 0;
+        loop {
+            match owner.next(Duration::from_secs(3)) {
+                Incoming::Json(v) => {
+                    let n = v["params"]["params"]["n"].as_u64().expect("n");
+                    // The host may drop above a connection's queue bound, never reorder or repeat.
+                    assert!(
+                        n >= next,
+                        "notification {n} after {next}: reordered or repeated"
+                    );
+                    next = n + 1;
+                    if n == FLOOD - 1 {
+                        return owner;
+                    }
+                }
+                Incoming::Timeout => return owner,
+                Incoming::Closed(c) => panic!("owner closed: {c:?}"),
+            }
+        }
+    });
+    for n in 0..FLOOD {
+        sender.notify_service(&service, "n", json!({"n": n}));
+    }
+    let mut owner = reader.join().expect("reader");
+    std::thread::sleep(Duration::from_millis(100));
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = cpu_ticks(pid) - before;
+    assert!(
+        idle <= 5,
+        "host used {idle} ticks of CPU in 1 s of idleness after the flood"
+    );
+    // The next notification is relayed at once, without a gap left over.
+    let started = Instant::now();
+    sender.notify_service(&service, "n", json!({"n": FLOOD}));
+    let v = owner.recv_within(Duration::from_secs(5));
+    assert_eq!(v["params"]["params"]["n"], json!(FLOOD), "{v}");
+    let after_flood = started.elapsed();
+    assert!(
+        after_flood < Duration::from_millis(500),
+        "took {after_flood:?}"
+    );
+    // Whether this build got saturated with small turns depends on its speed (a debug host
+    // falls behind a debug sender and reads large turns); report it, the unit tests decide.
+    let log = host.stderr();
+    eprintln!(
+        "coalescing started {} times, stopped {} times",
+        log.matches("read coalescing started").count(),
+        log.matches("read coalescing stopped").count()
     );
 }

@@ -6,6 +6,7 @@
 //! allowed_origins = ["https://x"]    # optional; absent = any Origin
 //! keepalive_ms = 30000               # optional; ping a silent WebSocket, close it after 2x; 0 = off
 //! busy_poll_us = 50                  # optional; poll this long before sleeping under load; 0 = off
+//! coalesce_us = 20                   # optional; gap before each turn while saturated by unbatched peers; 0 = off
 //! [limits]                           # optional; any field of axhost_core::Limits
 //! subscriptions_per_conn_max = 256
 //! [[principal]]
@@ -51,10 +52,25 @@ pub const BUSY_POLL_US_DEFAULT: u64 = 50;
 /// wake-up it saves.
 pub const BUSY_POLL_US_MAX: u64 = 1_000;
 
+/// Default read-coalescing gap. Coalescing starts only while the driver is saturated and its
+/// turns read few frames (peers writing one frame per `send` as fast as they can); then a
+/// message waits up to this much longer and the host relays ~3.5× as many
+/// (`io/src/server/coalesce.rs`, `docs/performance.md`).
+pub const COALESCE_US_DEFAULT: u64 = 20;
+
+/// Largest read-coalescing gap accepted: the gap is spun, and past 200 µs it costs more
+/// latency than any batch it gathers is worth.
+pub const COALESCE_US_MAX: u64 = 200;
+
 impl HostFileConfig {
     /// The busy-polling budget to run with, in microseconds (0 = off).
     pub fn busy_poll(&self) -> u64 {
         self.busy_poll_us.unwrap_or(BUSY_POLL_US_DEFAULT)
+    }
+
+    /// The read-coalescing gap to run with, in microseconds (0 = off).
+    pub fn coalesce(&self) -> u64 {
+        self.coalesce_us.unwrap_or(COALESCE_US_DEFAULT)
     }
 
     /// The keepalive interval to run with, `None` when probing is off.
@@ -80,6 +96,8 @@ pub struct HostFileConfig {
     pub keepalive_ms: Option<u64>,
     /// Busy-polling budget in µs; `None` uses [`BUSY_POLL_US_DEFAULT`], `Some(0)` turns it off.
     pub busy_poll_us: Option<u64>,
+    /// Read-coalescing gap in µs; `None` uses [`COALESCE_US_DEFAULT`], `Some(0)` turns it off.
+    pub coalesce_us: Option<u64>,
     /// Every bound, defaults filled in for fields the file does not set.
     pub limits: Limits,
     /// Principals that may connect, in file order.
@@ -391,6 +409,8 @@ struct RawConfig {
     keepalive_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     busy_poll_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    coalesce_us: Option<u64>,
     #[serde(default, skip_serializing_if = "RawLimits::is_empty")]
     limits: RawLimits,
     #[serde(default, rename = "principal", skip_serializing_if = "Vec::is_empty")]
@@ -494,6 +514,7 @@ impl RawConfig {
             allowed_origins: c.allowed_origins.clone(),
             keepalive_ms: c.keepalive_ms,
             busy_poll_us: c.busy_poll_us,
+            coalesce_us: c.coalesce_us,
             limits: RawLimits::from_limits(&c.limits),
             principals: c
                 .principals
@@ -546,6 +567,11 @@ impl RawConfig {
         if let Some(us) = self.busy_poll_us.filter(|&us| us > BUSY_POLL_US_MAX) {
             return Err(format!(
                 "busy_poll_us = {us} is over {BUSY_POLL_US_MAX} (1 ms); use 0 to turn it off"
+            ));
+        }
+        if let Some(us) = self.coalesce_us.filter(|&us| us > COALESCE_US_MAX) {
+            return Err(format!(
+                "coalesce_us = {us} is over {COALESCE_US_MAX}; use 0 to turn it off"
             ));
         }
         let limits = self.limits.to_limits();
@@ -622,6 +648,7 @@ impl RawConfig {
             allowed_origins: self.allowed_origins,
             keepalive_ms: self.keepalive_ms,
             busy_poll_us: self.busy_poll_us,
+            coalesce_us: self.coalesce_us,
             limits,
             principals,
             trust_groups,
@@ -897,6 +924,20 @@ principals = ["alice", "bob"]
         fs::write(dir.path().join(CONFIG_FILE), "busy_poll_us = 1001\n").expect("write");
         let e = load(dir.path()).expect_err("over the bound").to_string();
         assert!(e.contains("busy_poll_us = 1001"), "{e}");
+    }
+
+    #[test]
+    fn coalesce_defaults_to_20_us_is_bounded_and_round_trips() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(HostFileConfig::default().coalesce(), COALESCE_US_DEFAULT);
+        fs::write(dir.path().join(CONFIG_FILE), "coalesce_us = 0\n").expect("write");
+        let c = load(dir.path()).expect("load");
+        assert_eq!(c.coalesce(), 0, "0 turns it off");
+        save(dir.path(), &c).expect("save");
+        assert_eq!(load(dir.path()).expect("reload").coalesce_us, Some(0));
+        fs::write(dir.path().join(CONFIG_FILE), "coalesce_us = 201\n").expect("write");
+        let e = load(dir.path()).expect_err("over the bound").to_string();
+        assert!(e.contains("coalesce_us = 201"), "{e}");
     }
 
     #[test]

@@ -21,6 +21,7 @@
 //! logs ids, peers, statuses, close codes and byte counts, never payloads or tokens.
 
 mod busy_poll;
+mod coalesce;
 pub mod http;
 mod read_rounds;
 pub mod websocket;
@@ -34,6 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::credentials::{token_from_request, Credentials};
 use axhost_core::{ConnId, Host, Input, Now, Output, Store, U64Map};
 use busy_poll::BusyPoll;
+use coalesce::Coalesce;
 use http::{Head, Route, Status};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token};
@@ -59,6 +61,10 @@ pub struct ServeOptions {
     /// the driver is mostly busy, it polls for up to this long before sleeping
     /// (`server/busy_poll.rs`). 0 = off.
     pub busy_poll_us: u64,
+    /// Read-coalescing gap in microseconds: while the driver is saturated by peers that do not
+    /// batch, it spends this long before each turn and reads one round per turn
+    /// (`server/coalesce.rs`). 0 = off.
+    pub coalesce_us: u64,
 }
 
 /// Runs `host` on `opts.listen` until SIGINT or SIGTERM. Calls `on_ready` with the bound address
@@ -241,6 +247,7 @@ struct Driver<S: Store> {
     /// Set once a signal asked us to stop: the time by which the driver returns regardless.
     stop_by_ms: Option<u64>,
     busy_poll: BusyPoll,
+    coalesce: Coalesce,
     /// Read buffers lent to connections while they read.
     read_buffers: BufferPool,
     /// When the last wait returned: the work since then is the current turn.
@@ -283,6 +290,7 @@ impl<S: Store> Driver<S> {
             accept_retry_ms: None,
             stop_by_ms: None,
             busy_poll: BusyPoll::new(Duration::from_micros(opts.busy_poll_us)),
+            coalesce: Coalesce::new(Duration::from_micros(opts.coalesce_us)),
             read_buffers: BufferPool::default(),
             woke_at: std::time::Instant::now(),
         })
@@ -335,24 +343,42 @@ impl<S: Store> Driver<S> {
         }
     }
 
-    /// Waits for events until the next deadline, polling without sleeping first when the
-    /// busy-polling rule says the next event is near and the driver is busy anyway.
+    /// Waits for events until the next deadline: first the coalescing gap, when the driver is
+    /// coalescing (`server/coalesce.rs`), then a poll without sleeping, then more of them while
+    /// the busy-polling rule says the next event is near and the driver is busy anyway, and
+    /// last a poll that sleeps.
     fn wait(&mut self, events: &mut Events) -> io::Result<()> {
-        let timeout = self.poll_timeout();
         let started = std::time::Instant::now();
         let worked = started.saturating_duration_since(self.woke_at);
-        let spin = self.busy_poll.spin_for(timeout);
+        let (gap, change) = self.coalesce.gap_before_wait(started, self.load.steps);
+        log_coalesce(change);
+        if !gap.is_zero() {
+            // Spun, not slept: the driver is saturated, and a short sleep can take many times
+            // its length on a VM.
+            while started.elapsed() < gap {
+                std::hint::spin_loop();
+            }
+        }
         events.clear();
-        while !spin.is_zero() && events.is_empty() && started.elapsed() < spin {
+        self.poll_once(events, Some(Duration::ZERO))?;
+        let waiting = !events.is_empty() || !self.backlog.is_empty();
+        log_coalesce(self.coalesce.observe(std::time::Instant::now(), waiting));
+        let timeout = self.poll_timeout();
+        let polled = std::time::Instant::now();
+        let spin = self.busy_poll.spin_for(timeout);
+        while !spin.is_zero() && events.is_empty() && polled.elapsed() < spin {
             self.poll_once(events, Some(Duration::ZERO))?;
             std::hint::spin_loop();
         }
-        if events.is_empty() {
-            self.poll_once(events, timeout.map(|t| t.saturating_sub(started.elapsed())))?;
+        if events.is_empty() && timeout != Some(Duration::ZERO) {
+            self.poll_once(events, timeout.map(|t| t.saturating_sub(polled.elapsed())))?;
         }
         self.woke_at = std::time::Instant::now();
+        let waited = self.woke_at.saturating_duration_since(polled);
+        log_coalesce(self.coalesce.after_wait(self.woke_at, waited));
+        // The gap is work, not waiting: busy-polling judges the wait from the first poll.
         self.busy_poll
-            .cycle(worked, self.woke_at.saturating_duration_since(started));
+            .cycle(worked + gap, self.woke_at.saturating_duration_since(polled));
         Ok(())
     }
 
@@ -369,7 +395,11 @@ impl<S: Store> Driver<S> {
     fn turn(&mut self) {
         self.turn_no += 1;
         self.load = TurnLoad::default();
-        while !self.backlog.is_empty() && (self.load.rounds == 0 || self.load.read_again()) {
+        // A coalescing turn reads one round: reading less often is how it gathers batches.
+        let rounds_max = if self.coalesce.on() { 1 } else { usize::MAX };
+        while !self.backlog.is_empty()
+            && (self.load.rounds == 0 || (self.load.rounds < rounds_max && self.load.read_again()))
+        {
             for id in std::mem::take(&mut self.backlog) {
                 match self.slots.get_mut(&id) {
                     Some(slot) => slot.in_backlog = false,
@@ -1150,4 +1180,15 @@ enum Stop {
     PeerClosed(u16),
     /// It is gone without a close handshake.
     Gone(&'static str),
+}
+
+/// Logs a change of the coalescing state (at most a few a second: `coalesce::HOLD`).
+fn log_coalesce(change: Option<coalesce::Change>) {
+    match change {
+        Some(coalesce::Change::Started) => tracing::debug!("read coalescing started"),
+        Some(coalesce::Change::Stopped(why)) => {
+            tracing::debug!(?why, "read coalescing stopped");
+        }
+        None => {}
+    }
 }

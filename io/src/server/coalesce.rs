@@ -1,0 +1,303 @@
+//! Read coalescing under saturation: whether the driver waits a short gap before its next turn
+//! so that the turn reads more.
+//!
+//! A peer that writes one small frame per `send` as fast as it can (a flat-out sender that does
+//! not batch) meets a host that keeps up in a costly equilibrium. Each turn finds two or three
+//! frames, reads them, writes them on, and the peer's next `send` runs the whole loopback path
+//! again (the host's socket's TCP input, its ACKs, its wake-ups), so both sides spend 2-3 µs per
+//! message and the run settles near 0.4 M msg/s on a 2-vCPU Xeon VM. Redis and NATS, slower per
+//! message there, fall a socket buffer behind instead: the peer's writes then only append to its
+//! send queue, and they relay 1.4-1.6 M msg/s (`docs/performance.md`, "Flat out with one frame
+//! per write"). What moves the host into that regime is reading less often: a short gap before
+//! each turn, and one read round per turn, so that the host's receive window fills. The host
+//! then spends ~0.7 µs per message and keeps pace with Redis; a message waits up to one gap
+//! longer, on top of the socket buffer it already waited behind.
+//!
+//! The gap must never reach a peer that is not flat out, so coalescing starts only when both
+//! hold over the recent waits:
+//! - input was already there when the driver was about to wait, in at least
+//!   `WAITING_PERCENT_MIN` of them (a decayed share): the host is saturated;
+//! - turns read few frames, at most `SMALL_TURN_STEPS` on average: the peers are not batching
+//!   (a peer writing 16 frames per `send` is cheaper for the host without gaps, 2.3-2.7 M msg/s
+//!   against 1.1 M with them, so it never coalesces).
+//!
+//! It stops when a gapped turn read fewer than `EXIT_TURN_STEPS` frames (the input came slower
+//! than the gaps: 100k msg/s gives ~2 frames per 20 µs gap), or when, with nothing waiting
+//! after a gap, the wait that followed lasted over `IDLE_WAIT_MAX` (the load went away). After
+//! it stops it does not start again for `HOLD`, so a host that keeps entering and leaving adds
+//! at most one gap to a few messages ten times a second. The gap is spent spinning, not
+//! sleeping: the driver is saturated, so the CPU is used anyway, and a 20 µs sleep took ~150 µs
+//! on a VM whose idle vCPUs are handed back to the hypervisor.
+
+use std::time::{Duration, Instant};
+
+/// Each wait keeps `1 - 1/2^WAITING_DECAY_SHIFT` of the waiting share: about 32 waits.
+const WAITING_DECAY_SHIFT: u32 = 5;
+
+/// Start only when input was already there in at least this share (percent) of recent waits.
+/// Measured on a 2-vCPU Xeon VM: 52-89% at 1→1 flat out with one frame per write, 12-25% at
+/// 100k msg/s (1→1 and 64→64).
+const WAITING_PERCENT_MIN: u64 = 40;
+
+/// Each turn keeps `1 - 1/2^STEPS_DECAY_SHIFT` of the average turn size: about 8 turns.
+const STEPS_DECAY_SHIFT: u32 = 3;
+
+/// Start only when recent turns read at most this many frames on average: ~2.5 at 1→1 flat out
+/// with one frame per write, 16 or more when peers batch, hundreds at 16→16 and 64→64.
+const SMALL_TURN_STEPS: u64 = 8;
+
+/// Stop when a turn after a gap read fewer frames than this: the gap did not gather a batch.
+const EXIT_TURN_STEPS: usize = 4;
+
+/// Stop when, with nothing waiting after a gap, the following wait lasted longer than this.
+const IDLE_WAIT_MAX: Duration = Duration::from_micros(200);
+
+/// After stopping, do not start again for this long.
+const HOLD: Duration = Duration::from_millis(100);
+
+/// Fixed-point scale of the decayed averages.
+const SCALE_SHIFT: u32 = 10;
+
+/// Why coalescing stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stopped {
+    /// A gapped turn read fewer than `EXIT_TURN_STEPS` frames.
+    SmallTurn,
+    /// Nothing was waiting after a gap and the next wait ran past `IDLE_WAIT_MAX`.
+    Idle,
+}
+
+/// What one call changed, for the driver's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    Started,
+    Stopped(Stopped),
+}
+
+/// The driver's coalescing state.
+#[derive(Debug)]
+pub(crate) struct Coalesce {
+    /// Gap before each coalescing turn; zero turns coalescing off.
+    gap: Duration,
+    /// Coalescing now.
+    on: bool,
+    /// The turn that just ran followed a gap with input waiting.
+    gapped: bool,
+    /// Nothing was waiting after this wait's gap: the wait's length decides whether to stop.
+    idle_after_gap: bool,
+    /// Decayed share of waits that found input already there, percent << `SCALE_SHIFT`.
+    waiting_share: u64,
+    /// Decayed average of frames read per turn, << `SCALE_SHIFT`.
+    turn_steps: u64,
+    /// No start before this instant.
+    hold_until: Option<Instant>,
+}
+
+impl Coalesce {
+    pub(crate) fn new(gap: Duration) -> Coalesce {
+        Coalesce {
+            gap,
+            on: false,
+            gapped: false,
+            idle_after_gap: false,
+            waiting_share: 0,
+            turn_steps: 0,
+            hold_until: None,
+        }
+    }
+
+    /// Whether the driver is coalescing: its turns read one round each.
+    pub(crate) fn on(&self) -> bool {
+        self.on
+    }
+
+    /// Called before a wait with the frames the last turn read: the gap to spend before
+    /// polling, zero when not coalescing. May stop coalescing (`SmallTurn`).
+    pub(crate) fn gap_before_wait(
+        &mut self,
+        now: Instant,
+        last_turn_steps: usize,
+    ) -> (Duration, Option<Change>) {
+        let mut change = None;
+        if self.on && std::mem::take(&mut self.gapped) && last_turn_steps < EXIT_TURN_STEPS {
+            self.stop(now);
+            change = Some(Change::Stopped(Stopped::SmallTurn));
+        }
+        if !self.on && !self.gap.is_zero() && last_turn_steps > 0 {
+            let steps = (last_turn_steps as u64).min(1 << 20) << SCALE_SHIFT;
+            self.turn_steps = self.turn_steps - (self.turn_steps >> STEPS_DECAY_SHIFT)
+                + (steps >> STEPS_DECAY_SHIFT);
+        }
+        let gap = if self.on { self.gap } else { Duration::ZERO };
+        (gap, change)
+    }
+
+    /// Called after the gap (or at once, when there was none) with whether input is already
+    /// there: events from a zero-timeout poll or connections left on the read backlog. May
+    /// start coalescing; the gap applies from the next wait.
+    pub(crate) fn observe(&mut self, now: Instant, waiting: bool) -> Option<Change> {
+        if self.gap.is_zero() {
+            return None;
+        }
+        if self.on {
+            self.gapped = waiting;
+            self.idle_after_gap = !waiting;
+            return None;
+        }
+        let sample = if waiting { 100 << SCALE_SHIFT } else { 0 };
+        self.waiting_share = self.waiting_share - (self.waiting_share >> WAITING_DECAY_SHIFT)
+            + (sample >> WAITING_DECAY_SHIFT);
+        let saturated = self.waiting_share >= WAITING_PERCENT_MIN << SCALE_SHIFT;
+        let small_turns = self.turn_steps <= SMALL_TURN_STEPS << SCALE_SHIFT;
+        let held = self.hold_until.is_some_and(|until| now < until);
+        if waiting && saturated && small_turns && !held {
+            self.on = true;
+            self.gapped = false;
+            self.hold_until = None;
+            return Some(Change::Started);
+        }
+        None
+    }
+
+    /// Called when the wait returned, with how long it lasted. May stop coalescing (`Idle`).
+    pub(crate) fn after_wait(&mut self, now: Instant, waited: Duration) -> Option<Change> {
+        if self.on && std::mem::take(&mut self.idle_after_gap) && waited > IDLE_WAIT_MAX {
+            self.stop(now);
+            return Some(Change::Stopped(Stopped::Idle));
+        }
+        None
+    }
+
+    fn stop(&mut self, now: Instant) {
+        self.on = false;
+        self.gapped = false;
+        self.idle_after_gap = false;
+        self.waiting_share = 0;
+        self.hold_until = Some(now + HOLD);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GAP: Duration = Duration::from_micros(20);
+
+    /// One driver cycle: the last turn's frames, whether input is waiting after the gap, and
+    /// how long the wait lasted. Returns the gap spent and the changes.
+    fn cycle(
+        c: &mut Coalesce,
+        now: &mut Instant,
+        steps: usize,
+        waiting: bool,
+        waited: Duration,
+    ) -> (Duration, Vec<Change>) {
+        let mut changes = Vec::new();
+        let (gap, change) = c.gap_before_wait(*now, steps);
+        changes.extend(change);
+        *now += gap;
+        changes.extend(c.observe(*now, waiting));
+        *now += waited;
+        changes.extend(c.after_wait(*now, waited));
+        *now += Duration::from_micros(5);
+        (gap, changes)
+    }
+
+    fn saturate(c: &mut Coalesce, now: &mut Instant, steps: usize) -> usize {
+        (0..100_000)
+            .position(|_| cycle(c, now, steps, true, Duration::ZERO).1 == [Change::Started])
+            .map_or(usize::MAX, |i| i + 1)
+    }
+
+    #[test]
+    fn a_saturated_host_with_small_turns_starts_after_a_few_dozen_waits() {
+        let mut now = Instant::now();
+        let mut c = Coalesce::new(GAP);
+        let waits = saturate(&mut c, &mut now, 3);
+        assert!((10..=40).contains(&waits), "started after {waits} waits");
+        assert!(c.on());
+        let (gap, changes) = cycle(&mut c, &mut now, 3, true, Duration::ZERO);
+        assert_eq!(
+            (gap, changes),
+            (GAP, vec![]),
+            "the next wait spends the gap"
+        );
+        // Turns after gaps read a batch: it holds.
+        for _ in 0..1000 {
+            assert_eq!(
+                cycle(&mut c, &mut now, 64, true, Duration::ZERO),
+                (GAP, vec![])
+            );
+        }
+    }
+
+    #[test]
+    fn batching_peers_and_an_unsaturated_host_never_start() {
+        let mut now = Instant::now();
+        let mut c = Coalesce::new(GAP);
+        assert_eq!(
+            saturate(&mut c, &mut now, 16),
+            usize::MAX,
+            "16 frames a turn"
+        );
+        let mut c = Coalesce::new(GAP);
+        // Input waiting at one wait in four (100k msg/s): never.
+        for i in 0..10_000 {
+            let (gap, changes) = cycle(&mut c, &mut now, 1, i % 4 == 0, Duration::from_micros(8));
+            assert_eq!((gap, changes), (Duration::ZERO, vec![]));
+        }
+        let mut off = Coalesce::new(Duration::ZERO);
+        assert_eq!(
+            saturate(&mut off, &mut now, 1),
+            usize::MAX,
+            "a zero gap is off"
+        );
+    }
+
+    #[test]
+    fn a_gapped_turn_that_read_little_stops_it_and_holds_it_off() {
+        let mut now = Instant::now();
+        let mut c = Coalesce::new(GAP);
+        saturate(&mut c, &mut now, 2);
+        cycle(&mut c, &mut now, 2, true, Duration::ZERO); // gap, input waiting
+        let (gap, changes) = cycle(&mut c, &mut now, 2, true, Duration::ZERO);
+        assert_eq!(gap, Duration::ZERO);
+        assert_eq!(changes, vec![Change::Stopped(Stopped::SmallTurn)]);
+        // Saturated again at once: held off for `HOLD`, then it starts again.
+        let started = now;
+        let waits = saturate(&mut c, &mut now, 2);
+        assert!(now - started >= HOLD, "restarted after {:?}", now - started);
+        assert!(waits < usize::MAX);
+    }
+
+    #[test]
+    fn a_short_lull_keeps_it_and_a_long_wait_stops_it() {
+        let mut now = Instant::now();
+        let mut c = Coalesce::new(GAP);
+        saturate(&mut c, &mut now, 3);
+        // Nothing waiting after the gap, but input came within 100 µs: still on.
+        assert_eq!(
+            cycle(&mut c, &mut now, 3, false, Duration::from_micros(100)).1,
+            vec![]
+        );
+        assert!(c.on());
+        assert_eq!(cycle(&mut c, &mut now, 64, true, Duration::ZERO).0, GAP);
+        // A gapped turn that was not followed by input for a millisecond: off.
+        let (_, changes) = cycle(&mut c, &mut now, 64, false, Duration::from_millis(1));
+        assert_eq!(changes, vec![Change::Stopped(Stopped::Idle)]);
+        assert!(!c.on());
+    }
+
+    #[test]
+    fn the_first_turn_after_starting_is_not_judged() {
+        // The turn that ran before the first gap read a small turn by definition.
+        let mut now = Instant::now();
+        let mut c = Coalesce::new(GAP);
+        saturate(&mut c, &mut now, 1);
+        assert_eq!(
+            cycle(&mut c, &mut now, 1, true, Duration::ZERO),
+            (GAP, vec![])
+        );
+        assert!(c.on());
+    }
+}
