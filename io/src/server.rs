@@ -1182,7 +1182,7 @@ enum Stop {
     Gone(&'static str),
 }
 
-/// Logs a change of the coalescing state (at most a few a second: `coalesce::HOLD`).
+/// Logs a change of the coalescing state (at most fifty a second: `coalesce::HOLD`).
 fn log_coalesce(change: Option<coalesce::Change>) {
     match change {
         Some(coalesce::Change::Started) => tracing::debug!("read coalescing started"),
