@@ -26,6 +26,19 @@ fn cpu_ticks(pid: u32) -> u64 {
     utime + stime
 }
 
+/// Lets the last spin end, then watches the idle host for a second: a host that kept spinning
+/// would show ~100 ticks (CLK_TCK is 100 on Linux).
+fn assert_sleeps(pid: u32, after: &str) {
+    std::thread::sleep(Duration::from_millis(100));
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = cpu_ticks(pid) - before;
+    assert!(
+        idle <= 5,
+        "host used {idle} ticks of CPU in 1 s of idleness after {after}"
+    );
+}
+
 #[test]
 fn an_idle_host_sleeps_after_a_burst() {
     let host = HostProcess::start();
@@ -39,16 +52,7 @@ fn an_idle_host_sleeps_after_a_burst() {
         );
     }
     let burst = started.elapsed();
-    // Let the last spin end, then watch the idle host for a second.
-    std::thread::sleep(Duration::from_millis(100));
-    let before = cpu_ticks(pid);
-    std::thread::sleep(Duration::from_secs(1));
-    let idle = cpu_ticks(pid) - before;
-    // A host that kept spinning would show ~100 ticks (CLK_TCK is 100 on Linux).
-    assert!(
-        idle <= 5,
-        "host used {idle} ticks of CPU in 1 s of idleness after a {burst:?} burst"
-    );
+    assert_sleeps(pid, &format!("a {burst:?} burst"));
     // And it still answers at once.
     assert_eq!(
         ws.ok("ping", json!({"channel": "ahp-root://"})),
@@ -91,14 +95,7 @@ fn a_host_stops_coalescing_and_sleeps_after_a_flat_out_sender() {
         sender.notify_service(&service, "n", json!({"n": n}));
     }
     let mut owner = reader.join().expect("reader");
-    std::thread::sleep(Duration::from_millis(100));
-    let before = cpu_ticks(pid);
-    std::thread::sleep(Duration::from_secs(1));
-    let idle = cpu_ticks(pid) - before;
-    assert!(
-        idle <= 5,
-        "host used {idle} ticks of CPU in 1 s of idleness after the flood"
-    );
+    assert_sleeps(pid, "the flood");
     // The next notification is relayed at once, without a gap left over.
     let started = Instant::now();
     sender.notify_service(&service, "n", json!({"n": FLOOD}));

@@ -352,25 +352,31 @@ impl<S: Store> Driver<S> {
         let worked = started.saturating_duration_since(self.woke_at);
         let (gap, change) = self.coalesce.gap_before_wait(started, self.load.steps);
         log_coalesce(change);
-        if !gap.is_zero() {
-            // Spun, not slept: the driver is saturated, and a short sleep can take many times
-            // its length on a VM.
-            while started.elapsed() < gap {
-                std::hint::spin_loop();
-            }
-        }
-        events.clear();
-        self.poll_once(events, Some(Duration::ZERO))?;
-        let waiting = !events.is_empty() || !self.backlog.is_empty();
-        log_coalesce(self.coalesce.observe(std::time::Instant::now(), waiting));
-        let timeout = self.poll_timeout();
-        let polled = std::time::Instant::now();
-        let spin = self.busy_poll.spin_for(timeout);
-        while !spin.is_zero() && events.is_empty() && polled.elapsed() < spin {
-            self.poll_once(events, Some(Duration::ZERO))?;
+        // Spun, not slept: the driver is saturated, and a short sleep can take many times its
+        // length on a VM.
+        while started.elapsed() < gap {
             std::hint::spin_loop();
         }
-        if events.is_empty() && timeout != Some(Duration::ZERO) {
+        events.clear();
+        let mut zero_polled = false;
+        if self.coalesce.enabled() {
+            // Whether input is already there is what coalescing starts and stops on.
+            self.poll_once(events, Some(Duration::ZERO))?;
+            zero_polled = true;
+        }
+        let polled = std::time::Instant::now();
+        let waiting = !events.is_empty() || !self.backlog.is_empty();
+        log_coalesce(self.coalesce.observe(polled, waiting));
+        let timeout = self.poll_timeout();
+        let spin = self.busy_poll.spin_for(timeout);
+        while !spin.is_zero() && events.is_empty() && polled.elapsed() < spin {
+            // Pause first: a zero-timeout poll may have just found nothing.
+            std::hint::spin_loop();
+            self.poll_once(events, Some(Duration::ZERO))?;
+            zero_polled = true;
+        }
+        // A zero timeout is served by a zero-timeout poll above, when one ran.
+        if events.is_empty() && !(zero_polled && timeout == Some(Duration::ZERO)) {
             self.poll_once(events, timeout.map(|t| t.saturating_sub(polled.elapsed())))?;
         }
         self.woke_at = std::time::Instant::now();
@@ -394,12 +400,11 @@ impl<S: Store> Driver<S> {
     /// write.
     fn turn(&mut self) {
         self.turn_no += 1;
-        self.load = TurnLoad::default();
-        // A coalescing turn reads one round: reading less often is how it gathers batches.
-        let rounds_max = if self.coalesce.on() { 1 } else { usize::MAX };
-        while !self.backlog.is_empty()
-            && (self.load.rounds == 0 || (self.load.rounds < rounds_max && self.load.read_again()))
-        {
+        self.load = TurnLoad {
+            coalescing: self.coalesce.on(),
+            ..TurnLoad::default()
+        };
+        while !self.backlog.is_empty() && (self.load.rounds == 0 || self.load.read_again()) {
             for id in std::mem::take(&mut self.backlog) {
                 match self.slots.get_mut(&id) {
                     Some(slot) => slot.in_backlog = false,

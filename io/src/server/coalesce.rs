@@ -86,10 +86,10 @@ pub(crate) struct Coalesce {
     gap: Duration,
     /// Coalescing now.
     on: bool,
-    /// The turn that just ran followed a gap with input waiting.
-    gapped: bool,
-    /// Nothing was waiting after this wait's gap: the wait's length decides whether to stop.
-    idle_after_gap: bool,
+    /// Whether input was already there after the last gap; `None` when no gap was spent since
+    /// the last turn was judged. `Some(true)`: the next turn is judged by its size;
+    /// `Some(false)`: the wait's length decides whether to stop.
+    after_gap: Option<bool>,
     /// Decayed share of waits that found input already there, percent << `SCALE_SHIFT`.
     waiting_share: u64,
     /// Decayed average of frames read per turn, << `SCALE_SHIFT`.
@@ -103,12 +103,16 @@ impl Coalesce {
         Coalesce {
             gap,
             on: false,
-            gapped: false,
-            idle_after_gap: false,
+            after_gap: None,
             waiting_share: 0,
             turn_steps: 0,
             hold_until: None,
         }
+    }
+
+    /// Whether coalescing may ever start (the gap is not zero).
+    pub(crate) fn enabled(&self) -> bool {
+        !self.gap.is_zero()
     }
 
     /// Whether the driver is coalescing: its turns read one round each.
@@ -124,11 +128,12 @@ impl Coalesce {
         last_turn_steps: usize,
     ) -> (Duration, Option<Change>) {
         let mut change = None;
-        if self.on && std::mem::take(&mut self.gapped) && last_turn_steps < EXIT_TURN_STEPS {
+        let gapped = self.after_gap.take() == Some(true);
+        if self.on && gapped && last_turn_steps < EXIT_TURN_STEPS {
             self.stop(now);
             change = Some(Change::Stopped(Stopped::SmallTurn));
         }
-        if !self.on && !self.gap.is_zero() && last_turn_steps > 0 {
+        if !self.on && self.enabled() && last_turn_steps > 0 {
             let steps = (last_turn_steps as u64).min(1 << 20) << SCALE_SHIFT;
             self.turn_steps = self.turn_steps - (self.turn_steps >> STEPS_DECAY_SHIFT)
                 + (steps >> STEPS_DECAY_SHIFT);
@@ -141,12 +146,11 @@ impl Coalesce {
     /// there: events from a zero-timeout poll or connections left on the read backlog. May
     /// start coalescing; the gap applies from the next wait.
     pub(crate) fn observe(&mut self, now: Instant, waiting: bool) -> Option<Change> {
-        if self.gap.is_zero() {
+        if !self.enabled() {
             return None;
         }
         if self.on {
-            self.gapped = waiting;
-            self.idle_after_gap = !waiting;
+            self.after_gap = Some(waiting);
             return None;
         }
         let sample = if waiting { 100 << SCALE_SHIFT } else { 0 };
@@ -157,7 +161,7 @@ impl Coalesce {
         let held = self.hold_until.is_some_and(|until| now < until);
         if waiting && saturated && small_turns && !held {
             self.on = true;
-            self.gapped = false;
+            self.after_gap = None;
             self.hold_until = None;
             return Some(Change::Started);
         }
@@ -166,7 +170,7 @@ impl Coalesce {
 
     /// Called when the wait returned, with how long it lasted. May stop coalescing (`Idle`).
     pub(crate) fn after_wait(&mut self, now: Instant, waited: Duration) -> Option<Change> {
-        if self.on && std::mem::take(&mut self.idle_after_gap) && waited > IDLE_WAIT_MAX {
+        if self.on && self.after_gap == Some(false) && waited > IDLE_WAIT_MAX {
             self.stop(now);
             return Some(Change::Stopped(Stopped::Idle));
         }
@@ -175,8 +179,7 @@ impl Coalesce {
 
     fn stop(&mut self, now: Instant) {
         self.on = false;
-        self.gapped = false;
-        self.idle_after_gap = false;
+        self.after_gap = None;
         self.waiting_share = 0;
         self.hold_until = Some(now + HOLD);
     }

@@ -18,6 +18,10 @@
 //! `dispatchAction` fanned out to many subscribers) reads as it did before rounds; a lone
 //! sender's turn grows until its writes carry about as much as theirs.
 //!
+//! A turn taken while the driver coalesces its reads (`server/coalesce.rs`) reads one round
+//! whatever it queued: reading less often than the peers send is how coalescing gathers
+//! batches, and a second round of 64 kept a lone sender's host from ever falling behind.
+//!
 //! Fairness is that of one round among the connections on the backlog: none is read again
 //! before every other busy one has been read as often. Bytes that arrive during the turn wait
 //! for the next one, behind at most `TURN_STEPS_MAX` steps of further rounds (under a
@@ -60,13 +64,16 @@ pub struct TurnLoad {
     pub bytes: usize,
     /// Connections that were queued at least one frame during the reads.
     pub destinations: usize,
+    /// The driver is coalescing its reads: one round only.
+    pub coalescing: bool,
 }
 
 impl TurnLoad {
     /// Whether the turn reads its backlog again before writing.
     pub fn read_again(&self) -> bool {
         let destinations = self.destinations.max(1);
-        self.rounds < READ_ROUNDS_MAX
+        !self.coalescing
+            && self.rounds < READ_ROUNDS_MAX
             && self.steps < TURN_STEPS_MAX
             && self.bytes < TURN_BYTES_MAX
             && self.frames < BATCH_FRAMES.saturating_mul(destinations)
@@ -173,6 +180,13 @@ mod tests {
         for load in capped {
             assert!(!load.read_again(), "{load:?}");
         }
+        // Coalescing: one round, however far from a batch per destination.
+        let coalescing = TurnLoad {
+            rounds: 1,
+            coalescing: true,
+            ..busy
+        };
+        assert!(!coalescing.read_again());
         // Reads that queue nothing (notifications to no one) still stop at the step cap.
         let nowhere = TurnLoad {
             rounds: 3,
