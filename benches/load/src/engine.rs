@@ -59,6 +59,8 @@ struct Conn {
     /// Senders: messages built so far (also the round-robin position).
     built: u64,
     rng: ws::Rng,
+    /// Receivers: where the last stamp was found in a message (`payload::find_stamp`).
+    stamp_at: usize,
 }
 
 impl Conn {
@@ -220,13 +222,13 @@ struct Recv {
 impl Recv {
     /// One message read at `now`; `arrived`: when the read's last byte reached the socket.
     #[inline]
-    fn message(&mut self, msg: &[u8], now: u64, arrived: Option<u64>) {
+    fn message(&mut self, msg: &[u8], stamp_at: &mut usize, now: u64, arrived: Option<u64>) {
         self.total += 1;
         if now < self.win_start || now >= self.win_end {
             return;
         }
         self.window += 1;
-        match payload::find_stamp(msg) {
+        match payload::find_stamp(msg, stamp_at) {
             Some(t) => {
                 self.hist.saturating_record(now.saturating_sub(t).max(1));
                 match arrived {
@@ -351,6 +353,7 @@ fn process_input(
         rng,
         sender,
         idx,
+        stamp_at,
         ..
     } = c;
     let (sender, idx) = (*sender, *idx);
@@ -365,7 +368,7 @@ fn process_input(
                 };
                 match f.opcode {
                     ws::OP_TEXT | ws::OP_CONT | ws::OP_BINARY if !sender && f.fin => {
-                        recv.message(&buf[f.start..f.end], now, arrived);
+                        recv.message(&buf[f.start..f.end], stamp_at, now, arrived);
                     }
                     ws::OP_PING => {
                         let key = rng.next_u32().to_ne_bytes();
@@ -392,7 +395,7 @@ fn process_input(
                     break;
                 };
                 match item {
-                    resp::Item::Message(s, e) => recv.message(&buf[s..e], now, arrived),
+                    resp::Item::Message(s, e) => recv.message(&buf[s..e], stamp_at, now, arrived),
                     resp::Item::Error(s, e) => {
                         return Err(format!(
                             "{}: redis error: {}",
@@ -411,7 +414,7 @@ fn process_input(
                     break;
                 };
                 match item {
-                    nats::Item::Msg(s, e) => recv.message(&buf[s..e], now, arrived),
+                    nats::Item::Msg(s, e) => recv.message(&buf[s..e], stamp_at, now, arrived),
                     nats::Item::Ping => {
                         compact(out, out_head);
                         out.extend_from_slice(b"PONG\r\n");
@@ -534,6 +537,7 @@ fn connect_all(
                 writable: true,
                 built: 0,
                 rng: ws::Rng::new(u64::from(rng.next_u32()) << 32 | u64::from(rng.next_u32())),
+                stamp_at: payload::STAMP_AT,
             });
         }
     }

@@ -57,17 +57,24 @@ pub fn read_stamp(src: &[u8]) -> Option<u64> {
     Some(v)
 }
 
-/// The stamp of a received message: tries the fixed offset (Redis/NATS payloads start at the
-/// payload), then searches for the marker (axhost wraps the payload in its envelope).
+/// The stamp of a received message. `stamp_at` is where the connection's last stamp was found
+/// (start it at [`STAMP_AT`]): every message on one connection wraps the payload in the same
+/// bytes, so the stamp is found there without a search (Redis and NATS deliver the payload
+/// itself, axhost wraps it in its notification envelope). A miss searches for the marker and
+/// remembers where it was. Without the remembered offset the byte search through axhost's
+/// envelope was 11% of the tool's CPU at 1->1 flat out, against 1% for Redis: a cost of the
+/// instrument, not of the server measured.
 #[inline]
-pub fn find_stamp(msg: &[u8]) -> Option<u64> {
-    if msg.get(STAMP_AT - 1) == Some(&MARKER) {
-        if let Some(v) = read_stamp(&msg[STAMP_AT..]) {
+pub fn find_stamp(msg: &[u8], stamp_at: &mut usize) -> Option<u64> {
+    let at = *stamp_at;
+    if at > 0 && msg.get(at - 1) == Some(&MARKER) {
+        if let Some(v) = read_stamp(&msg[at..]) {
             return Some(v);
         }
     }
-    let at = msg.iter().position(|&b| b == MARKER)?;
-    read_stamp(&msg[at + 1..])
+    let at = msg.iter().position(|&b| b == MARKER)? + 1;
+    *stamp_at = at;
+    read_stamp(&msg[at..])
 }
 
 #[cfg(test)]
@@ -79,11 +86,37 @@ mod tests {
         let mut p = template(200);
         assert_eq!(p.len(), 200);
         write_stamp(&mut p[STAMP_AT..], 0x0123_4567_89ab_cdef);
-        assert_eq!(find_stamp(&p), Some(0x0123_4567_89ab_cdef));
+        let mut at = STAMP_AT;
+        assert_eq!(find_stamp(&p, &mut at), Some(0x0123_4567_89ab_cdef));
+        assert_eq!(at, STAMP_AT);
         let wrapped = [b"{\"params\":".as_slice(), &p, b"}"].concat();
-        assert_eq!(find_stamp(&wrapped), Some(0x0123_4567_89ab_cdef));
-        assert_eq!(find_stamp(b"no marker"), None);
-        assert_eq!(find_stamp(b"@12"), None);
+        assert_eq!(find_stamp(&wrapped, &mut at), Some(0x0123_4567_89ab_cdef));
+        assert_eq!(
+            at,
+            STAMP_AT + 10,
+            "the search remembers where the stamp was"
+        );
+        write_stamp(&mut p[STAMP_AT..], 42);
+        let wrapped = [b"{\"params\":".as_slice(), &p, b"}"].concat();
+        assert_eq!(
+            find_stamp(&wrapped, &mut at),
+            Some(42),
+            "found at the remembered offset"
+        );
+        assert_eq!(
+            find_stamp(&p, &mut at),
+            Some(42),
+            "a moved stamp is searched for again"
+        );
+        assert_eq!(at, STAMP_AT);
+        assert_eq!(find_stamp(b"no marker", &mut at), None);
+        assert_eq!(find_stamp(b"@12", &mut at), None);
+        let mut at = 0;
+        assert_eq!(
+            find_stamp(&p, &mut at),
+            Some(42),
+            "offset zero is never a stamp"
+        );
         assert_eq!(template(1).len(), MIN_SIZE);
     }
 }
