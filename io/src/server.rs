@@ -97,6 +97,10 @@ pub fn frame_reader(limits: &axhost_core::Limits, early: &[u8]) -> FrameReader {
     FrameReader::new(max, early)
 }
 
+/// Connections whose input queue a coalescing turn looks at (`Driver::filled_share`): one per
+/// flat-out sender, and a few senders at most are what makes a host coalesce.
+const FILLED_SHARE_SAMPLES_MAX: usize = 8;
+
 /// Time a closing connection gets to drain its buffer and see the peer's EOF before it is dropped.
 const CLOSING_LINGER_MS: u64 = 5_000;
 
@@ -182,6 +186,15 @@ struct Slot {
 }
 
 impl Slot {
+    fn wire(&self) -> Option<&Wire> {
+        match &self.phase {
+            Phase::Head { wire, .. } | Phase::Closing { wire, .. } | Phase::Open { wire, .. } => {
+                Some(wire)
+            }
+            Phase::Moving => None,
+        }
+    }
+
     fn wire_mut(&mut self) -> Option<&mut Wire> {
         match &mut self.phase {
             Phase::Head { wire, .. } | Phase::Closing { wire, .. } | Phase::Open { wire, .. } => {
@@ -248,6 +261,10 @@ struct Driver<S: Store> {
     stop_by_ms: Option<u64>,
     busy_poll: BusyPoll,
     coalesce: Coalesce,
+    /// Connections that filled their share of the last coalescing round (up to
+    /// `FILLED_SHARE_SAMPLES_MAX`): the next turn asks the kernel how much input each still
+    /// has queued, and the gap adapts to the deepest (`Coalesce::queue_observed`).
+    filled_share: Vec<u64>,
     /// Read buffers lent to connections while they read.
     read_buffers: BufferPool,
     /// When the last wait returned: the work since then is the current turn.
@@ -291,6 +308,7 @@ impl<S: Store> Driver<S> {
             stop_by_ms: None,
             busy_poll: BusyPoll::new(Duration::from_micros(opts.busy_poll_us)),
             coalesce: Coalesce::new(Duration::from_micros(opts.coalesce_us)),
+            filled_share: Vec::with_capacity(FILLED_SHARE_SAMPLES_MAX),
             read_buffers: BufferPool::default(),
             woke_at: std::time::Instant::now(),
         })
@@ -400,6 +418,17 @@ impl<S: Store> Driver<S> {
     /// write.
     fn turn(&mut self) {
         self.turn_no += 1;
+        if self.coalesce.on() {
+            // After the gap, so what the peer wrote meanwhile is counted.
+            let deepest = self
+                .filled_share
+                .iter()
+                .filter_map(|id| self.slots.get(id)?.wire()?.queued_input())
+                .max()
+                .unwrap_or(0);
+            self.coalesce.queue_observed(deepest);
+        }
+        self.filled_share.clear();
         self.load = TurnLoad {
             coalescing: self.coalesce.on(),
             ..TurnLoad::default()
@@ -948,6 +977,9 @@ impl<S: Store> Driver<S> {
                 // Edge-triggered: no new event will say the rest is there. Read it in the next
                 // round or turn.
                 self.mark_readable(id);
+                if self.load.coalescing && self.filled_share.len() < FILLED_SHARE_SAMPLES_MAX {
+                    self.filled_share.push(id);
+                }
             }
             Stop::Close(code, reason) => self.close(id, code, reason, now),
             Stop::PeerClosed(code) => {

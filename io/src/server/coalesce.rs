@@ -30,6 +30,21 @@
 //! at most one gap to a few messages fifty times a second. The gap is spent spinning, not
 //! sleeping: the driver is saturated, so the CPU is used anyway, and a 20 µs sleep took ~150 µs
 //! on a VM whose idle vCPUs are handed back to the hypervisor.
+//!
+//! While on, the gap follows the peer (additive decrease, multiplicative increase, as TCP
+//! follows a path). In that regime the host's rate is one round per gap plus the round's work,
+//! and it must stay under the rate at which the peer can fill the queue: a host that drains
+//! the queue opens the window, the peer's writes go out one frame at a time again, and the run
+//! falls back to the costly equilibrium. A fixed gap has to leave room for the peer's slowest
+//! stretches (20 µs: ~1.3 M msg/s where the peer could write ~1.7 M), and a shorter fixed gap
+//! reached Redis's rate in some runs and fell out in others. So each coalescing turn starts by
+//! looking at the input queue of the connections that filled their share in the last round
+//! (`queue_observed`): while some queue holds more than `DRAINED_BYTES`, the peer is ahead and
+//! the gap shrinks by `1 / GAP_STEP_DIVISOR` of the configured gap a turn, down to
+//! `GAP_FLOOR_PERCENT` of it; when none does, the host has caught up and the gap grows by
+//! `GAP_GROWTH_PERCENT`, at most once every `GROWTH_COOLDOWN_TURNS` turns, up to
+//! `GAP_CEILING_PERCENT`, so that the queue refills before the window opens. Each start begins
+//! at the configured gap.
 
 use std::time::{Duration, Instant};
 
@@ -60,6 +75,34 @@ const IDLE_WAIT_MAX: Duration = Duration::from_millis(2);
 /// After stopping, do not start again for this long.
 const HOLD: Duration = Duration::from_millis(20);
 
+/// The gap's lower bound while it adapts, in percent of the configured gap: 13 µs of 20. The
+/// configured gap is also where each start begins. Measured at 1→1 flat out with one frame per
+/// write on a 2-vCPU Xeon VM: 11 µs drained the queue so often that it averaged 1.23-1.37 M
+/// msg/s, 13 µs 1.36-1.57 M, 15 µs 1.40-1.53 M (`docs/performance.md`, "An adaptive gap").
+const GAP_FLOOR_PERCENT: u32 = 65;
+
+/// The gap's upper bound while it adapts, in percent of the configured gap: 40 µs of 20, where
+/// one round a gap (~0.9 M msg/s) is well under what a flat-out peer writes into an open window.
+const GAP_CEILING_PERCENT: u32 = 200;
+
+/// A turn that found the queue deep shortens the gap by this fraction of the configured gap:
+/// 20 ns of 20 µs, so from the start to the floor in 350 turns (~15 ms at 1→1), and from the
+/// ceiling in 1,350.
+const GAP_STEP_DIVISOR: u32 = 1000;
+
+/// A turn that found the queue drained lengthens the gap to this percent of what it was. Nine
+/// lengthenings (144 drained turns) take it from the floor to the ceiling.
+const GAP_GROWTH_PERCENT: u32 = 115;
+
+/// Turns between two lengthenings: a drain that lasts many turns lengthens the gap step by
+/// step, watching whether the queue refills, instead of running it to the ceiling at once.
+const GROWTH_COOLDOWN_TURNS: u32 = 16;
+
+/// Input queued in the kernel below which a connection's queue counts as drained: two rounds'
+/// share of ~260-byte notifications. A deep queue sawtooths (the window reopens in steps), but
+/// while the peer is ahead it stays far above this.
+pub(crate) const DRAINED_BYTES: usize = 32 * 1024;
+
 /// Fixed-point scale of the decayed averages.
 const SCALE_SHIFT: u32 = 10;
 
@@ -82,8 +125,13 @@ pub(crate) enum Change {
 /// The driver's coalescing state.
 #[derive(Debug)]
 pub(crate) struct Coalesce {
-    /// Gap before each coalescing turn; zero turns coalescing off.
+    /// The configured gap, where each start begins; zero turns coalescing off.
     gap: Duration,
+    /// The gap now, while coalescing: between `GAP_FLOOR_PERCENT` and `GAP_CEILING_PERCENT` of
+    /// `gap`.
+    current: Duration,
+    /// Turns observed since the gap last grew.
+    since_growth: u32,
     /// Coalescing now.
     on: bool,
     /// Whether input was already there after the last gap; `None` when no gap was spent since
@@ -102,6 +150,8 @@ impl Coalesce {
     pub(crate) fn new(gap: Duration) -> Coalesce {
         Coalesce {
             gap,
+            current: gap,
+            since_growth: 0,
             on: false,
             after_gap: None,
             waiting_share: 0,
@@ -138,7 +188,11 @@ impl Coalesce {
             self.turn_steps = self.turn_steps - (self.turn_steps >> STEPS_DECAY_SHIFT)
                 + (steps >> STEPS_DECAY_SHIFT);
         }
-        let gap = if self.on { self.gap } else { Duration::ZERO };
+        let gap = if self.on {
+            self.current
+        } else {
+            Duration::ZERO
+        };
         (gap, change)
     }
 
@@ -163,6 +217,8 @@ impl Coalesce {
             self.on = true;
             self.after_gap = None;
             self.hold_until = None;
+            self.current = self.gap;
+            self.since_growth = 0;
             return Some(Change::Started);
         }
         None
@@ -175,6 +231,35 @@ impl Coalesce {
             return Some(Change::Stopped(Stopped::Idle));
         }
         None
+    }
+
+    /// Called at the start of a coalescing turn with the deepest input queue (bytes in the
+    /// kernel) among the connections that filled their share in the last round; 0 when none
+    /// did. Adapts the gap the next wait spends.
+    pub(crate) fn queue_observed(&mut self, deepest_bytes: usize) {
+        if !self.on {
+            return;
+        }
+        self.since_growth = self.since_growth.saturating_add(1);
+        if deepest_bytes < DRAINED_BYTES {
+            if self.since_growth >= GROWTH_COOLDOWN_TURNS {
+                self.since_growth = 0;
+                let ceiling = self.gap * GAP_CEILING_PERCENT / 100;
+                self.current = (self.current * GAP_GROWTH_PERCENT / 100).min(ceiling);
+            }
+        } else {
+            let floor = self.gap * GAP_FLOOR_PERCENT / 100;
+            self.current = self
+                .current
+                .saturating_sub(self.gap / GAP_STEP_DIVISOR)
+                .max(floor);
+        }
+    }
+
+    /// The gap a coalescing turn waits now.
+    #[cfg(test)]
+    fn current_gap(&self) -> Duration {
+        self.current
     }
 
     fn stop(&mut self, now: Instant) {
@@ -294,6 +379,88 @@ mod tests {
         let (_, changes) = cycle(&mut c, &mut now, 64, false, Duration::from_millis(5));
         assert_eq!(changes, vec![Change::Stopped(Stopped::Idle)]);
         assert!(!c.on());
+    }
+
+    const FLOOR: Duration = Duration::from_micros(13);
+    const CEILING: Duration = Duration::from_micros(40);
+    const DEEP: usize = 1 << 20;
+
+    #[test]
+    fn a_deep_queue_shrinks_the_gap_to_its_floor_a_step_a_turn() {
+        let mut now = Instant::now();
+        let mut c = Coalesce::new(GAP);
+        c.queue_observed(DEEP);
+        assert_eq!(c.current_gap(), GAP, "ignored while off");
+        saturate(&mut c, &mut now, 3);
+        assert_eq!(
+            c.current_gap(),
+            GAP,
+            "each start begins at the configured gap"
+        );
+        c.queue_observed(DEEP);
+        assert_eq!(c.current_gap(), GAP - Duration::from_nanos(20));
+        for _ in 0..348 {
+            c.queue_observed(DEEP);
+        }
+        assert!(c.current_gap() > FLOOR, "{:?}", c.current_gap());
+        c.queue_observed(DEEP);
+        assert_eq!(c.current_gap(), FLOOR, "350 turns from start to floor");
+        c.queue_observed(DEEP);
+        assert_eq!(c.current_gap(), FLOOR, "never under the floor");
+        assert_eq!(
+            cycle(&mut c, &mut now, 64, true, Duration::ZERO),
+            (FLOOR, vec![]),
+            "the wait spends the adapted gap"
+        );
+    }
+
+    #[test]
+    fn a_drained_queue_grows_the_gap_once_per_cooldown_up_to_its_ceiling() {
+        let mut now = Instant::now();
+        let mut c = Coalesce::new(GAP);
+        saturate(&mut c, &mut now, 3);
+        for _ in 0..GROWTH_COOLDOWN_TURNS - 1 {
+            c.queue_observed(DRAINED_BYTES - 1);
+        }
+        assert_eq!(c.current_gap(), GAP, "not before the cooldown");
+        c.queue_observed(0);
+        assert_eq!(c.current_gap(), Duration::from_micros(23));
+        for _ in 0..GROWTH_COOLDOWN_TURNS - 1 {
+            c.queue_observed(0);
+        }
+        assert_eq!(
+            c.current_gap(),
+            Duration::from_micros(23),
+            "one growth per cooldown"
+        );
+        c.queue_observed(0);
+        assert_eq!(c.current_gap(), Duration::from_nanos(26_450));
+        for _ in 0..100 * GROWTH_COOLDOWN_TURNS {
+            c.queue_observed(0);
+        }
+        assert_eq!(c.current_gap(), CEILING, "never over the ceiling");
+        // A deep queue again: back down, a step a turn.
+        c.queue_observed(DRAINED_BYTES);
+        assert_eq!(c.current_gap(), CEILING - Duration::from_nanos(20));
+    }
+
+    #[test]
+    fn a_restart_begins_at_the_configured_gap_again() {
+        let mut now = Instant::now();
+        let mut c = Coalesce::new(GAP);
+        saturate(&mut c, &mut now, 3);
+        for _ in 0..1000 {
+            c.queue_observed(DEEP);
+        }
+        assert_eq!(c.current_gap(), FLOOR);
+        // A gapped turn that read little stops it; after the hold it starts again.
+        cycle(&mut c, &mut now, 3, true, Duration::ZERO);
+        let (_, changes) = cycle(&mut c, &mut now, 2, true, Duration::ZERO);
+        assert_eq!(changes, vec![Change::Stopped(Stopped::SmallTurn)]);
+        saturate(&mut c, &mut now, 2);
+        assert!(c.on());
+        assert_eq!(c.current_gap(), GAP);
+        assert_eq!(cycle(&mut c, &mut now, 64, true, Duration::ZERO).0, GAP);
     }
 
     #[test]

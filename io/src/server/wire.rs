@@ -63,6 +63,27 @@ impl Wire {
         }
     }
 
+    /// Bytes the kernel holds for this socket that no read has taken yet (`FIONREAD`), or
+    /// `None` if it cannot tell. Read coalescing adapts its gap to it (`super::coalesce`).
+    #[cfg(unix)]
+    pub(crate) fn queued_input(&self) -> Option<usize> {
+        use std::os::fd::AsRawFd;
+        let mut queued: libc::c_int = 0;
+        // SAFETY: FIONREAD stores one c_int through the pointer, which is valid and exclusive
+        // for the duration of the call; the descriptor is this Wire's open socket.
+        let rc = unsafe { libc::ioctl(self.tcp.as_raw_fd(), libc::FIONREAD, &mut queued) };
+        if rc == 0 {
+            usize::try_from(queued).ok()
+        } else {
+            None
+        }
+    }
+
+    #[cfg(not(unix))]
+    pub(crate) fn queued_input(&self) -> Option<usize> {
+        None
+    }
+
     /// Bytes waiting for the socket.
     pub(crate) fn pending_bytes(&self) -> u64 {
         debug_assert_eq!(
@@ -265,6 +286,26 @@ mod tests {
             }
         }
         panic!("nothing arrived");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn queued_input_counts_what_arrived_and_was_not_read() {
+        let (mut wire, mut client) = pair();
+        assert_eq!(wire.queued_input(), Some(0));
+        client.write_all(&[7u8; 3000]).expect("write");
+        // Loopback delivers at once, but give the kernel a moment on a loaded machine.
+        for _ in 0..1000 {
+            if wire.queued_input() == Some(3000) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(wire.queued_input(), Some(3000));
+        let mut buf = [0u8; 1000];
+        wire.start_read_round();
+        assert_eq!(read_some(&mut wire, &mut buf), 1000);
+        assert_eq!(wire.queued_input(), Some(2000));
     }
 
     #[test]
