@@ -424,8 +424,7 @@ impl<S: Store> Driver<S> {
                 .filled_share
                 .iter()
                 .filter_map(|id| self.slots.get(id)?.wire()?.queued_input())
-                .max()
-                .unwrap_or(0);
+                .max();
             self.coalesce.queue_observed(deepest);
         }
         self.filled_share.clear();

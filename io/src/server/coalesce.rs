@@ -43,8 +43,11 @@
 //! the gap shrinks by `1 / GAP_STEP_DIVISOR` of the configured gap a turn, down to
 //! `GAP_FLOOR_PERCENT` of it; when none does, the host has caught up and the gap grows by
 //! `GAP_GROWTH_PERCENT`, at most once every `GROWTH_COOLDOWN_TURNS` turns, up to
-//! `GAP_CEILING_PERCENT`, so that the queue refills before the window opens. Each start begins
-//! at the configured gap.
+//! `GAP_CEILING_PERCENT`, so that the queue refills before the window opens. Only a drain
+//! within `FLAT_OUT_MEMORY_TURNS` of a filled share grows it: many peers at a moderate rate
+//! (64→64 at 100k msg/s, which coalesces through much of a run) never fill a share, and for
+//! them the gap stays at, or returns to, the configured one; a 40 µs gap there doubled the
+//! p50. Each start begins at the configured gap.
 
 use std::time::{Duration, Instant};
 
@@ -98,6 +101,12 @@ const GAP_GROWTH_PERCENT: u32 = 115;
 /// step, watching whether the queue refills, instead of running it to the ceiling at once.
 const GROWTH_COOLDOWN_TURNS: u32 = 16;
 
+/// Turns after a connection last filled its share during which a drained queue still grows the
+/// gap: ~10 ms at 1→1, longer than the drains measured there (tens to ~200 turns), which are the
+/// peer falling behind. Past it no flat-out peer is left, and the gap returns to the configured
+/// one a step a turn.
+const FLAT_OUT_MEMORY_TURNS: u32 = 256;
+
 /// Input queued in the kernel below which a connection's queue counts as drained: two rounds'
 /// share of ~260-byte notifications. A deep queue sawtooths (the window reopens in steps), but
 /// while the peer is ahead it stays far above this.
@@ -132,6 +141,9 @@ pub(crate) struct Coalesce {
     current: Duration,
     /// Turns observed since the gap last grew.
     since_growth: u32,
+    /// Turns observed since a connection last filled its share (`u32::MAX`: none since the
+    /// start).
+    since_full: u32,
     /// Coalescing now.
     on: bool,
     /// Whether input was already there after the last gap; `None` when no gap was spent since
@@ -152,6 +164,7 @@ impl Coalesce {
             gap,
             current: gap,
             since_growth: 0,
+            since_full: u32::MAX,
             on: false,
             after_gap: None,
             waiting_share: 0,
@@ -219,6 +232,7 @@ impl Coalesce {
             self.hold_until = None;
             self.current = self.gap;
             self.since_growth = 0;
+            self.since_full = u32::MAX;
             return Some(Change::Started);
         }
         None
@@ -234,25 +248,31 @@ impl Coalesce {
     }
 
     /// Called at the start of a coalescing turn with the deepest input queue (bytes in the
-    /// kernel) among the connections that filled their share in the last round; 0 when none
-    /// did. Adapts the gap the next wait spends.
-    pub(crate) fn queue_observed(&mut self, deepest_bytes: usize) {
+    /// kernel) among the connections that filled their share in the last round; `None` when
+    /// none did. Adapts the gap the next wait spends.
+    pub(crate) fn queue_observed(&mut self, deepest_bytes: Option<usize>) {
         if !self.on {
             return;
         }
         self.since_growth = self.since_growth.saturating_add(1);
-        if deepest_bytes < DRAINED_BYTES {
+        self.since_full = match deepest_bytes {
+            Some(_) => 0,
+            None => self.since_full.saturating_add(1),
+        };
+        let step = self.gap / GAP_STEP_DIVISOR;
+        if deepest_bytes.is_some_and(|bytes| bytes >= DRAINED_BYTES) {
+            let floor = self.gap * GAP_FLOOR_PERCENT / 100;
+            self.current = self.current.saturating_sub(step).max(floor);
+        } else if self.since_full <= FLAT_OUT_MEMORY_TURNS {
             if self.since_growth >= GROWTH_COOLDOWN_TURNS {
                 self.since_growth = 0;
                 let ceiling = self.gap * GAP_CEILING_PERCENT / 100;
                 self.current = (self.current * GAP_GROWTH_PERCENT / 100).min(ceiling);
             }
+        } else if self.current > self.gap {
+            self.current = self.current.saturating_sub(step).max(self.gap);
         } else {
-            let floor = self.gap * GAP_FLOOR_PERCENT / 100;
-            self.current = self
-                .current
-                .saturating_sub(self.gap / GAP_STEP_DIVISOR)
-                .max(floor);
+            self.current = (self.current + step).min(self.gap);
         }
     }
 
@@ -389,7 +409,7 @@ mod tests {
     fn a_deep_queue_shrinks_the_gap_to_its_floor_a_step_a_turn() {
         let mut now = Instant::now();
         let mut c = Coalesce::new(GAP);
-        c.queue_observed(DEEP);
+        c.queue_observed(Some(DEEP));
         assert_eq!(c.current_gap(), GAP, "ignored while off");
         saturate(&mut c, &mut now, 3);
         assert_eq!(
@@ -397,15 +417,15 @@ mod tests {
             GAP,
             "each start begins at the configured gap"
         );
-        c.queue_observed(DEEP);
+        c.queue_observed(Some(DEEP));
         assert_eq!(c.current_gap(), GAP - Duration::from_nanos(20));
         for _ in 0..348 {
-            c.queue_observed(DEEP);
+            c.queue_observed(Some(DEEP));
         }
         assert!(c.current_gap() > FLOOR, "{:?}", c.current_gap());
-        c.queue_observed(DEEP);
+        c.queue_observed(Some(DEEP));
         assert_eq!(c.current_gap(), FLOOR, "350 turns from start to floor");
-        c.queue_observed(DEEP);
+        c.queue_observed(Some(DEEP));
         assert_eq!(c.current_gap(), FLOOR, "never under the floor");
         assert_eq!(
             cycle(&mut c, &mut now, 64, true, Duration::ZERO),
@@ -419,29 +439,73 @@ mod tests {
         let mut now = Instant::now();
         let mut c = Coalesce::new(GAP);
         saturate(&mut c, &mut now, 3);
+        // A connection filled its share, and little was left behind it.
         for _ in 0..GROWTH_COOLDOWN_TURNS - 1 {
-            c.queue_observed(DRAINED_BYTES - 1);
+            c.queue_observed(Some(DRAINED_BYTES - 1));
         }
         assert_eq!(c.current_gap(), GAP, "not before the cooldown");
-        c.queue_observed(0);
+        c.queue_observed(Some(0));
         assert_eq!(c.current_gap(), Duration::from_micros(23));
         for _ in 0..GROWTH_COOLDOWN_TURNS - 1 {
-            c.queue_observed(0);
+            c.queue_observed(Some(0));
         }
         assert_eq!(
             c.current_gap(),
             Duration::from_micros(23),
             "one growth per cooldown"
         );
-        c.queue_observed(0);
+        // No connection filled its share: still a drain, so soon after one did.
+        c.queue_observed(None);
         assert_eq!(c.current_gap(), Duration::from_nanos(26_450));
         for _ in 0..100 * GROWTH_COOLDOWN_TURNS {
-            c.queue_observed(0);
+            c.queue_observed(Some(0));
         }
         assert_eq!(c.current_gap(), CEILING, "never over the ceiling");
         // A deep queue again: back down, a step a turn.
-        c.queue_observed(DRAINED_BYTES);
+        c.queue_observed(Some(DRAINED_BYTES));
         assert_eq!(c.current_gap(), CEILING - Duration::from_nanos(20));
+    }
+
+    #[test]
+    fn without_a_recently_filled_share_the_gap_returns_to_the_configured_one() {
+        let mut now = Instant::now();
+        // Many peers at a moderate rate: no connection ever fills its share.
+        let mut c = Coalesce::new(GAP);
+        saturate(&mut c, &mut now, 3);
+        for _ in 0..10_000 {
+            c.queue_observed(None);
+            assert_eq!(c.current_gap(), GAP);
+        }
+        // A flat-out peer that stops filling its share: the gap grows for
+        // `FLAT_OUT_MEMORY_TURNS`, then comes back down to the configured gap, not under it.
+        let mut c = Coalesce::new(GAP);
+        saturate(&mut c, &mut now, 3);
+        c.queue_observed(Some(DEEP));
+        for _ in 0..FLAT_OUT_MEMORY_TURNS {
+            c.queue_observed(None);
+        }
+        let grown = c.current_gap();
+        assert!(grown > GAP, "{grown:?}");
+        c.queue_observed(None);
+        assert_eq!(c.current_gap(), grown - Duration::from_nanos(20));
+        for _ in 0..100_000 {
+            c.queue_observed(None);
+        }
+        assert_eq!(c.current_gap(), GAP);
+        // And from under it (a peer that was ahead and left), back up to it.
+        let mut c = Coalesce::new(GAP);
+        saturate(&mut c, &mut now, 3);
+        for _ in 0..1000 {
+            c.queue_observed(Some(DEEP));
+        }
+        assert_eq!(c.current_gap(), FLOOR);
+        for _ in 0..FLAT_OUT_MEMORY_TURNS {
+            c.queue_observed(None);
+        }
+        for _ in 0..100_000 {
+            c.queue_observed(None);
+        }
+        assert_eq!(c.current_gap(), GAP);
     }
 
     #[test]
@@ -450,7 +514,7 @@ mod tests {
         let mut c = Coalesce::new(GAP);
         saturate(&mut c, &mut now, 3);
         for _ in 0..1000 {
-            c.queue_observed(DEEP);
+            c.queue_observed(Some(DEEP));
         }
         assert_eq!(c.current_gap(), FLOOR);
         // A gapped turn that read little stops it; after the hold it starts again.
