@@ -44,10 +44,11 @@
 //! `GAP_FLOOR_PERCENT` of it; when none does, the host has caught up and the gap grows by
 //! `GAP_GROWTH_PERCENT`, at most once every `GROWTH_COOLDOWN_TURNS` turns, up to
 //! `GAP_CEILING_PERCENT`, so that the queue refills before the window opens. Only a drain
-//! within `FLAT_OUT_MEMORY_TURNS` of a filled share grows it: many peers at a moderate rate
-//! (64→64 at 100k msg/s, which coalesces through much of a run) never fill a share, and for
-//! them the gap stays at, or returns to, the configured one; a 40 µs gap there doubled the
-//! p50. Each start begins at the configured gap.
+//! within `FLAT_OUT_MEMORY_TURNS` of a deep queue grows it: many peers at a moderate rate
+//! (64→64 at 100k msg/s, which coalesces through much of a run) never leave a deep queue, not
+//! even when a VM pause lets each of them fill a share, and for them the gap stays at, or
+//! returns to, the configured one; a 40 µs gap there doubled the p50. Each start begins at the
+//! configured gap.
 
 use std::time::{Duration, Instant};
 
@@ -101,10 +102,10 @@ const GAP_GROWTH_PERCENT: u32 = 115;
 /// step, watching whether the queue refills, instead of running it to the ceiling at once.
 const GROWTH_COOLDOWN_TURNS: u32 = 16;
 
-/// Turns after a connection last filled its share during which a drained queue still grows the
-/// gap: ~10 ms at 1→1, longer than the drains measured there (tens to ~200 turns), which are the
-/// peer falling behind. Past it no flat-out peer is left, and the gap returns to the configured
-/// one a step a turn.
+/// Turns after a deep queue was last seen during which a drained queue still grows the gap:
+/// ~10 ms at 1→1, longer than the drains measured there (tens to ~200 turns), which are the peer
+/// falling behind. Past it no flat-out peer is left, and the gap returns to the configured one a
+/// step a turn.
 const FLAT_OUT_MEMORY_TURNS: u32 = 256;
 
 /// Input queued in the kernel below which a connection's queue counts as drained: two rounds'
@@ -141,9 +142,8 @@ pub(crate) struct Coalesce {
     current: Duration,
     /// Turns observed since the gap last grew.
     since_growth: u32,
-    /// Turns observed since a connection last filled its share (`u32::MAX`: none since the
-    /// start).
-    since_full: u32,
+    /// Turns observed since a queue was last deep (`u32::MAX`: none since the start).
+    since_deep: u32,
     /// Coalescing now.
     on: bool,
     /// Whether input was already there after the last gap; `None` when no gap was spent since
@@ -164,7 +164,7 @@ impl Coalesce {
             gap,
             current: gap,
             since_growth: 0,
-            since_full: u32::MAX,
+            since_deep: u32::MAX,
             on: false,
             after_gap: None,
             waiting_share: 0,
@@ -232,7 +232,7 @@ impl Coalesce {
             self.hold_until = None;
             self.current = self.gap;
             self.since_growth = 0;
-            self.since_full = u32::MAX;
+            self.since_deep = u32::MAX;
             return Some(Change::Started);
         }
         None
@@ -255,15 +255,13 @@ impl Coalesce {
             return;
         }
         self.since_growth = self.since_growth.saturating_add(1);
-        self.since_full = match deepest_bytes {
-            Some(_) => 0,
-            None => self.since_full.saturating_add(1),
-        };
         let step = self.gap / GAP_STEP_DIVISOR;
         if deepest_bytes.is_some_and(|bytes| bytes >= DRAINED_BYTES) {
+            self.since_deep = 0;
             let floor = self.gap * GAP_FLOOR_PERCENT / 100;
             self.current = self.current.saturating_sub(step).max(floor);
-        } else if self.since_full <= FLAT_OUT_MEMORY_TURNS {
+        } else if self.since_deep < FLAT_OUT_MEMORY_TURNS {
+            self.since_deep += 1;
             if self.since_growth >= GROWTH_COOLDOWN_TURNS {
                 self.since_growth = 0;
                 let ceiling = self.gap * GAP_CEILING_PERCENT / 100;
@@ -439,25 +437,24 @@ mod tests {
         let mut now = Instant::now();
         let mut c = Coalesce::new(GAP);
         saturate(&mut c, &mut now, 3);
-        // A connection filled its share, and little was left behind it.
-        for _ in 0..GROWTH_COOLDOWN_TURNS - 1 {
+        c.queue_observed(Some(DEEP));
+        let shrunk = GAP - Duration::from_nanos(20);
+        // Then a connection filled its share, and little was left behind it.
+        for _ in 0..GROWTH_COOLDOWN_TURNS - 2 {
             c.queue_observed(Some(DRAINED_BYTES - 1));
         }
-        assert_eq!(c.current_gap(), GAP, "not before the cooldown");
+        assert_eq!(c.current_gap(), shrunk, "not before the cooldown");
         c.queue_observed(Some(0));
-        assert_eq!(c.current_gap(), Duration::from_micros(23));
+        let grown = shrunk * GAP_GROWTH_PERCENT / 100;
+        assert_eq!(c.current_gap(), grown);
         for _ in 0..GROWTH_COOLDOWN_TURNS - 1 {
             c.queue_observed(Some(0));
         }
-        assert_eq!(
-            c.current_gap(),
-            Duration::from_micros(23),
-            "one growth per cooldown"
-        );
-        // No connection filled its share: still a drain, so soon after one did.
+        assert_eq!(c.current_gap(), grown, "one growth per cooldown");
+        // No connection filled its share: a drain too.
         c.queue_observed(None);
-        assert_eq!(c.current_gap(), Duration::from_nanos(26_450));
-        for _ in 0..100 * GROWTH_COOLDOWN_TURNS {
+        assert_eq!(c.current_gap(), grown * GAP_GROWTH_PERCENT / 100);
+        for _ in 0..200 {
             c.queue_observed(Some(0));
         }
         assert_eq!(c.current_gap(), CEILING, "never over the ceiling");
@@ -467,16 +464,17 @@ mod tests {
     }
 
     #[test]
-    fn without_a_recently_filled_share_the_gap_returns_to_the_configured_one() {
+    fn without_a_recent_deep_queue_the_gap_returns_to_the_configured_one() {
         let mut now = Instant::now();
-        // Many peers at a moderate rate: no connection ever fills its share.
+        // Many peers at a moderate rate: no connection fills its share, or, after a pause of
+        // the VM, some do and leave little behind.
         let mut c = Coalesce::new(GAP);
         saturate(&mut c, &mut now, 3);
-        for _ in 0..10_000 {
-            c.queue_observed(None);
+        for i in 0..10_000 {
+            c.queue_observed(if i % 100 == 0 { Some(4096) } else { None });
             assert_eq!(c.current_gap(), GAP);
         }
-        // A flat-out peer that stops filling its share: the gap grows for
+        // A flat-out peer that stops keeping its queue deep: the gap grows for
         // `FLAT_OUT_MEMORY_TURNS`, then comes back down to the configured gap, not under it.
         let mut c = Coalesce::new(GAP);
         saturate(&mut c, &mut now, 3);
