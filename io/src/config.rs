@@ -6,7 +6,7 @@
 //! allowed_origins = ["https://x"]    # optional; absent = any Origin
 //! keepalive_ms = 30000               # optional; ping a silent WebSocket, close it after 2x; 0 = off
 //! busy_poll_us = 50                  # optional; poll this long before sleeping under load; 0 = off
-//! coalesce_us = 20                   # optional; gap before each turn while saturated by unbatched peers; 0 = off
+//! coalesce_us = 20                   # optional; starting gap before each turn while saturated by unbatched peers; 0 = off
 //! [limits]                           # optional; any field of axhost_core::Limits
 //! subscriptions_per_conn_max = 256
 //! [[principal]]
@@ -58,8 +58,9 @@ pub const BUSY_POLL_US_MAX: u64 = 1_000;
 /// (`io/src/server/coalesce.rs`, `docs/performance.md`).
 pub const COALESCE_US_DEFAULT: u64 = 20;
 
-/// Largest read-coalescing gap accepted: the gap is spun, and past 200 µs it costs more
-/// latency than any batch it gathers is worth.
+/// Largest read-coalescing gap accepted: the gap is spun, and past a few hundred µs it costs
+/// more latency than any batch it gathers is worth. While coalescing, the gap adapts between 65%
+/// and 200% of the configured one (`server/coalesce.rs`).
 pub const COALESCE_US_MAX: u64 = 200;
 
 impl HostFileConfig {
@@ -96,7 +97,8 @@ pub struct HostFileConfig {
     pub keepalive_ms: Option<u64>,
     /// Busy-polling budget in µs; `None` uses [`BUSY_POLL_US_DEFAULT`], `Some(0)` turns it off.
     pub busy_poll_us: Option<u64>,
-    /// Read-coalescing gap in µs; `None` uses [`COALESCE_US_DEFAULT`], `Some(0)` turns it off.
+    /// Read-coalescing gap in µs, where the adaptive gap starts; `None` uses
+    /// [`COALESCE_US_DEFAULT`], `Some(0)` turns it off.
     pub coalesce_us: Option<u64>,
     /// Every bound, defaults filled in for fields the file does not set.
     pub limits: Limits,

@@ -62,8 +62,8 @@ pub struct ServeOptions {
     /// (`server/busy_poll.rs`). 0 = off.
     pub busy_poll_us: u64,
     /// Read-coalescing gap in microseconds: while the driver is saturated by peers that do not
-    /// batch, it spends this long before each turn and reads one round per turn
-    /// (`server/coalesce.rs`). 0 = off.
+    /// batch, it spends a gap before each turn, starting at this and adapting to the peer
+    /// between 65% and 200% of it, and reads one round per turn (`server/coalesce.rs`). 0 = off.
     pub coalesce_us: u64,
 }
 
