@@ -111,7 +111,7 @@ const FLAT_OUT_MEMORY_TURNS: u32 = 256;
 /// Input queued in the kernel below which a connection's queue counts as drained: two rounds'
 /// share of ~260-byte notifications. A deep queue sawtooths (the window reopens in steps), but
 /// while the peer is ahead it stays far above this.
-pub(crate) const DRAINED_BYTES: usize = 32 * 1024;
+const DRAINED_BYTES: usize = 32 * 1024;
 
 /// Fixed-point scale of the decayed averages.
 const SCALE_SHIFT: u32 = 10;
