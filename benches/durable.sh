@@ -87,10 +87,11 @@ stop_host() {
     HOST_PID=
 }
 
-# one_run BIN CONFIG: prints the tool's JSON line.
+# one_run BIN CONFIG RESULT: writes the tool's JSON line to RESULT. (Not run in a command
+# substitution: the host's pid must stay in this shell for the exit trap.)
 RUN_N=0
 one_run() {
-    local bin=$1 config=$2 dir token addr out status
+    local bin=$1 config=$2 result=$3 dir token addr out status
     RUN_N=$((RUN_N + 1))
     dir="$WORK/run-$RUN_N"
     mkdir -p "$dir"
@@ -129,7 +130,7 @@ one_run() {
         return 1
     fi
     rm -rf "$dir"
-    grep '^{' <<<"$out"
+    grep '^{' <<<"$out" >"$result"
 }
 
 probe() {
@@ -185,7 +186,8 @@ for rep in $(seq 1 "$REPS"); do
         order=("${!BINS[@]}")
         if [ "${#BINS[@]}" -eq 2 ] && [ $((rep % 2)) -eq 0 ]; then order=(1 0); fi
         for i in "${order[@]}"; do
-            line=$(one_run "${BINS[$i]}" "$config")
+            one_run "${BINS[$i]}" "$config" "$WORK/line"
+            line=$(cat "$WORK/line")
             echo "${SIDES[$i]} $config $line" | tee -a "$RAW" >&2
             echo "$line" >>"$WORK/${SIDES[$i]}.$config"
         done
@@ -199,7 +201,7 @@ if [ "$PROBE" != 0 ]; then
 fi
 
 # med SIDE CONFIG FIELD: the median of FIELD over the reps.
-med() { while read -r l; do field "$l" "$3"; done <"$WORK/$1.$2" | grep -v null | median; }
+med() { while read -r l; do field "$l" "$3"; done <"$WORK/$1.$2" | { grep -v null || true; } | median; }
 
 {
     echo

@@ -30,8 +30,8 @@ use crate::Args;
 /// never frees it; the tool's turns cost under 200 bytes, so 20,000 of them (4 MB) stay well
 /// inside, whatever the run's length.
 const TURNS_PER_SESSION: u64 = 20_000;
-/// Bytes asked of one `read`.
-const READ_CHUNK: usize = 64 * 1024;
+/// Bytes asked of one `read` (an echo is a few hundred).
+const READ_CHUNK: usize = 16 * 1024;
 /// Unparsed bytes one connection may hold: the largest frame the parser accepts and its header.
 const IN_MAX: usize = ws::MAX_FRAME + 14;
 /// How often waits are checked against `--reply-timeout`.
@@ -89,6 +89,9 @@ enum Role {
 struct Conn {
     stream: TcpStream,
     what: String,
+    /// What one `read` fills, allocated once.
+    chunk: Box<[u8]>,
+    /// Bytes read and not yet parsed.
     inbuf: Vec<u8>,
     out: Vec<u8>,
     out_head: usize,
@@ -337,6 +340,7 @@ impl Conn {
         Ok(Conn {
             stream: TcpStream::from_std(ready.stream),
             what,
+            chunk: vec![0; READ_CHUNK].into_boxed_slice(),
             inbuf: ready.leftover,
             out: Vec::with_capacity(4096),
             out_head: 0,
@@ -408,16 +412,15 @@ impl Conn {
         open: bool,
         record: &mut dyn FnMut(Done, Instant),
     ) -> Result<(), String> {
-        let mut chunk = [0u8; READ_CHUNK];
         loop {
-            match self.stream.read(&mut chunk) {
+            match self.stream.read(&mut self.chunk) {
                 Ok(0) => return Err(format!("{}: the host closed the connection", self.what)),
                 Ok(n) => {
                     let now = Instant::now();
                     if self.inbuf.len() + n > IN_MAX {
                         return Err(format!("{}: over {IN_MAX} bytes unparsed", self.what));
                     }
-                    self.inbuf.extend_from_slice(&chunk[..n]);
+                    self.inbuf.extend_from_slice(&self.chunk[..n]);
                     self.frames(now, open, record)?;
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(()),
