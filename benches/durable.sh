@@ -21,8 +21,9 @@
 #
 # Environment: DURATION (s per run, 5), WARMUP (s, 1), REPS (3), DATA_ROOT (where the temporary
 # data directories go: on the disk to measure, never tmpfs; default $TMPDIR or /tmp), HOST_CPU /
-# LOAD_CPU (taskset CPU lists for the host and the load tool; unset: not pinned), PROBE (0 skips
-# the SQLite probe), OUT (also write the report to this file).
+# LOAD_CPU (taskset CPU lists for the host and the load tool; unset: not pinned), REQUEST_GAP
+# (the requester's wait after each response, e.g. 1ms; default 0s: back to back, which keeps the
+# host awake), PROBE (0 skips the SQLite probe), OUT (also write the report to this file).
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
@@ -35,7 +36,8 @@ DATA_ROOT=${DATA_ROOT:-${TMPDIR:-/tmp}}
 PROBE=${PROBE:-1}
 HOST_CPU=${HOST_CPU:-}
 LOAD_CPU=${LOAD_CPU:-}
-COMMAND="$(printf '%q ' "DURATION=$DURATION" "WARMUP=$WARMUP" "REPS=$REPS" bash benches/durable.sh "$@")"
+REQUEST_GAP=${REQUEST_GAP:-0s}
+COMMAND="$(printf '%q ' "DURATION=$DURATION" "WARMUP=$WARMUP" "REPS=$REPS" "DATA_ROOT=$DATA_ROOT" bash benches/durable.sh "$@")"
 
 BINS=()
 for b in "$@"; do
@@ -120,7 +122,7 @@ one_run() {
     # shellcheck disable=SC2046,SC2086
     out=$(AXHOST_TOKEN="$token" timeout $((WARMUP + DURATION + 60)) $(pin "$LOAD_CPU") "$TOOL" \
         --addr "$addr" ${CONFIG_ARGS[$config]} --duration "${DURATION}s" --warmup "${WARMUP}s" \
-        --json 2>"$dir/tool-err") || status=$?
+        --request-gap "$REQUEST_GAP" --json 2>"$dir/tool-err") || status=$?
     stop_host "$HOST_PID"
     if [ "$status" -ne 0 ]; then
         echo "durable.sh: axhost-durable failed ($status) on $bin, $config:" >&2
@@ -164,6 +166,7 @@ RAW="$WORK/raw"
     echo "- machine: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//'), $(nproc) CPUs, kernel $(uname -r)"
     echo "- data directories: $DATA_ROOT ($fs_type on $(df -P "$WORK" | awk 'NR == 2 { print $1 }'))"
     echo "- pinning: host ${HOST_CPU:-not pinned}, load tool ${LOAD_CPU:-not pinned}"
+    if [ "$REQUEST_GAP" = 0s ]; then echo "- requests back to back"; else echo "- requests $REQUEST_GAP apart"; fi
     echo "- load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
     for i in "${!BINS[@]}"; do
         echo "- ${SIDES[$i]}: \`${BINS[$i]}\` (sha256 $(sha256sum "${BINS[$i]}" | cut -c1-12), built $(date -u -r "${BINS[$i]}" '+%Y-%m-%d %H:%M UTC'))"

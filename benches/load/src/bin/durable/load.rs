@@ -79,10 +79,14 @@ enum Role {
     Writer(Writer),
     /// Registers the service and answers each `clientService/handleRequest` at once.
     Owner,
-    /// Sends `clientService/request` to the owner's service closed-loop.
+    /// Sends `clientService/request` to the owner's service closed-loop, the next one `gap`
+    /// after each response (at once when zero).
     Requester {
         service_id: String,
         id: u64,
+        gap: Duration,
+        /// When the next request is due (only while waiting out a gap).
+        due: Option<Instant>,
     },
 }
 
@@ -388,6 +392,22 @@ impl Conn {
         Ok(())
     }
 
+    /// A requester whose gap has passed sends its next request; returns when the next one is
+    /// due otherwise.
+    fn send_due(&mut self, now: Instant) -> Result<Option<Instant>, String> {
+        let Role::Requester { due: Some(at), .. } = self.role else {
+            return Ok(None);
+        };
+        if now < at {
+            return Ok(Some(at));
+        }
+        if let Role::Requester { due, .. } = &mut self.role {
+            *due = None;
+        }
+        self.kick()?;
+        Ok(None)
+    }
+
     /// The first message of the closed loop.
     fn kick(&mut self) -> Result<(), String> {
         let text = match &mut self.role {
@@ -398,7 +418,7 @@ impl Conn {
                 w.step = Step::Started(w.seq);
                 turn_started(&w.chat, w.seq, w.turn)
             }
-            Role::Requester { service_id, id } => service_request(*id, service_id),
+            Role::Requester { service_id, id, .. } => service_request(*id, service_id),
             Role::Owner => return Ok(()),
         };
         self.send_awaited(&text)
@@ -486,17 +506,26 @@ impl Conn {
                 self.push(ws::OP_TEXT, reply.as_bytes())?;
                 return Ok(None);
             }
-            Role::Requester { service_id, id } => match classify_reply(text, *id) {
+            Role::Requester {
+                service_id,
+                id,
+                gap,
+                due,
+            } => match classify_reply(text, *id) {
                 None => return Ok(None),
                 Some(Err(())) => {
                     return Err(format!("{what}: request {id} failed: {}", short(text)))
                 }
                 Some(Ok(())) => {
                     *id += 1;
-                    (
-                        Some(Done::Request(elapsed(self.sent_at))),
-                        service_request(*id, service_id),
-                    )
+                    let done = Some(Done::Request(elapsed(self.sent_at)));
+                    if !gap.is_zero() {
+                        // Sent from the loop once the gap has passed.
+                        *due = Some(now + *gap);
+                        self.sent_at = None;
+                        return Ok(done);
+                    }
+                    (done, service_request(*id, service_id))
                 }
             },
             Role::Writer(w) => match w.step {
@@ -619,6 +648,8 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
             Role::Requester {
                 service_id,
                 id: FIRST_REQUEST_ID,
+                gap: args.request_gap,
+                due: None,
             },
         )?);
     }
@@ -698,7 +729,12 @@ pub fn run(args: &Args, addr: SocketAddr, token: &str) -> Result<Report, String>
                 }
             }
         }
-        let wait = (end - now).min(STALL_CHECK);
+        let mut wait = (end - now).min(STALL_CHECK);
+        for c in &mut conns {
+            if let Some(at) = c.send_due(now)? {
+                wait = wait.min(at - now);
+            }
+        }
         match poll.poll(&mut events, Some(wait)) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,

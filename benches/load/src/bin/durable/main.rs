@@ -48,6 +48,12 @@ pub struct Args {
     /// Also run a client-service request/response pair, closed-loop.
     #[arg(long)]
     pub requests: bool,
+    /// With --requests: wait this long after each response before the next request (the
+    /// poll's millisecond timer: at least this, up to a millisecond more). Zero, the default,
+    /// sends back to back, which keeps the host awake; a gap lets it go idle between requests,
+    /// so the latency includes waking it.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub request_gap: Duration,
     /// Measured window.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub duration: Duration,
