@@ -38,6 +38,7 @@ HOST_CPU=${HOST_CPU:-}
 LOAD_CPU=${LOAD_CPU:-}
 REQUEST_GAP=${REQUEST_GAP:-0s}
 COMMAND="$(printf '%q ' "DURATION=$DURATION" "WARMUP=$WARMUP" "REPS=$REPS" "DATA_ROOT=$DATA_ROOT" bash benches/durable.sh "$@")"
+COMMAND=${COMMAND% }
 
 BINS=()
 for b in "$@"; do
@@ -71,7 +72,8 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-fs_type=$(stat -f -c %T "$WORK")
+fs_type=$(df -PT "$WORK" 2>/dev/null | awk 'NR == 2 { print $2 }')
+[ -n "$fs_type" ] || fs_type=$(stat -f -c %T "$WORK")
 if [ "$fs_type" = tmpfs ] || [ "$fs_type" = ramfs ]; then
     echo "durable.sh: DATA_ROOT=$DATA_ROOT is $fs_type: fsync costs nothing there; point DATA_ROOT at a disk" >&2
     exit 2
