@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use serde_json::{json, Value};
 
-const ROOT: &str = "ahp-root:/";
+const ROOT: &str = "ahp-root://";
 const TEXT: u8 = 0x1;
 const CONTINUATION: u8 = 0x0;
 /// Largest message any role may send with default limits: twice 1 MiB of client-service payload
@@ -71,7 +71,7 @@ fn hoarded_fragments_stay_under_the_total_and_close_only_the_one_that_crosses_it
     let before = rss_kib(pid);
     // A ping request, opened and padded, that the last fragment closes: `{"jsonrpc":…,"pad":"xx…"}`.
     let opening =
-        br#"{"jsonrpc":"2.0","id":7,"method":"ping","params":{"channel":"ahp-root:/"},"pad":""#;
+        br#"{"jsonrpc":"2.0","id":7,"method":"ping","params":{"channel":"ahp-root://"},"pad":""#;
     let mut hoarders = Vec::new();
     for i in 0..HOARDERS {
         let (mut ws, _) = host.ws_init_as(host.token_of("watcher"), &format!("hoarder-{i}"), &[]);
