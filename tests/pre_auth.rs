@@ -121,7 +121,7 @@ fn clients_get_in_during(request: Option<&'static [u8]>, evicted: &str) -> Vec<T
 fn answered_sockets_that_never_close_cannot_lock_clients_out() {
     let held = clients_get_in_during(
         Some(b"GET /nope HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"),
-        "oldest answered one dropped",
+        "too many answered sockets without a WebSocket; oldest dropped",
     );
     // The flood's sockets were answered before they were let go.
     let mut first = held.into_iter().next().expect("a flood socket");
@@ -136,14 +136,17 @@ fn answered_sockets_that_never_close_cannot_lock_clients_out() {
 
 #[test]
 fn silent_sockets_cannot_lock_clients_out() {
-    clients_get_in_during(None, "oldest silent one dropped");
+    clients_get_in_during(
+        None,
+        "too many sockets without a request head; oldest dropped",
+    );
 }
 
 #[test]
 fn head_senders_that_stall_cannot_lock_clients_out() {
     clients_get_in_during(
         Some(b"GET /axp HTTP/1.1\r\nHost: 127.0.0.1\r\n"),
-        "oldest silent one dropped",
+        "too many sockets without a request head; oldest dropped",
     );
 }
 

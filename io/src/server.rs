@@ -657,7 +657,7 @@ impl<S: Store> Driver<S> {
         let victim = match self.answered.first() {
             Some(&(_, oldest)) => Some((
                 oldest,
-                "pre-authentication sockets full; oldest answered one dropped",
+                "too many answered sockets without a WebSocket; oldest dropped",
             )),
             None => self
                 .heads
@@ -670,7 +670,7 @@ impl<S: Store> Driver<S> {
                 .map(|&id| {
                     (
                         id,
-                        "pre-authentication sockets full; oldest silent one dropped",
+                        "too many sockets without a request head; oldest dropped",
                     )
                 }),
         };
