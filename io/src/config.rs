@@ -22,14 +22,14 @@
 //!
 //! The file is validated as a whole on load: unknown keys, bad ids, duplicate ids or tokens and
 //! inconsistent limits are refused with a message naming the file, rather than half-applied.
+//! [`save`] writes atomically (temporary file, fsync, rename), so a crash never leaves a
+//! truncated config that would lock every principal out. Saving rewrites the file from the
+//! parsed values: comments are not kept.
 //!
 //! `busy_poll_us` and `coalesce_us` used to be top-level keys. They are still read there, with
 //! one warning per load naming `[tuning]` (the same key in both places is refused), and
 //! [`save`] writes them under `[tuning]`: a file written for an older build keeps working, and
 //! `benches/ab.sh` can give an old and a new build the same settings.
-//! [`save`] writes atomically (temporary file, fsync, rename), so a crash never leaves a
-//! truncated config that would lock every principal out. Saving rewrites the file from the
-//! parsed values: comments are not kept.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -473,11 +473,12 @@ impl RawTuning {
     }
 }
 
-/// Declares `RawLimits`, the `[limits]` table: every field of [`Limits`], all optional.
+/// Declares `RawLimits`, the `[limits]` table: every field of [`Limits`] and of
+/// [`DriverLimits`], all optional.
 ///
-/// The field list is written once, here. Both conversions name every field without `..`, so a
-/// field added to `Limits` fails to compile until it is added to this list (and so to the file
-/// format) instead of being silently unconfigurable.
+/// The field lists are written once, here. Both conversions name every field without `..`, so
+/// a field added to either struct fails to compile until it is added to this list (and so to
+/// the file format) instead of being silently unconfigurable.
 macro_rules! raw_limits {
     (
         core { $($field:ident: $ty:ty),* $(,)? }
