@@ -6,6 +6,7 @@ pub mod credentials;
 pub mod datadir;
 pub mod server;
 pub mod sqlite;
+pub mod writer;
 
 pub use config::{ConfigError, HostFileConfig, PrincipalEntry};
 pub use credentials::Credentials;
