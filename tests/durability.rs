@@ -202,3 +202,80 @@ fn every_acknowledged_turn_survives_sigkill_under_concurrent_dispatch() {
     }
     host.stop();
 }
+
+/// Not a benchmark (`benches/load/` has those): a quick look at durable changes/s with C
+/// connections dispatching closed-loop to their own chats, for `AXHOST_DURABLE_CONNS` (default
+/// 1,8,64) for `AXHOST_DURABLE_SECS` seconds each. Run in release for meaningful figures:
+/// `cargo test --release --test durability -- --ignored --nocapture durable_changes_per_second`
+#[test]
+#[ignore]
+fn durable_changes_per_second() {
+    let conns: Vec<usize> = std::env::var("AXHOST_DURABLE_CONNS")
+        .unwrap_or_else(|_| "1,8,64".into())
+        .split(',')
+        .filter_map(|c| c.trim().parse().ok())
+        .collect();
+    let secs: u64 = std::env::var("AXHOST_DURABLE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    for c in conns {
+        let host = HostProcess::start();
+        {
+            let (mut admin, _) = host.ws_init("admin", &[]);
+            for i in 0..c {
+                admin.ok(
+                    "createSession",
+                    json!({"channel": format!("ahp-session:/m{i}")}),
+                );
+            }
+        }
+        let stop_at = Instant::now() + Duration::from_secs(1 + secs);
+        let measure_from = Instant::now() + Duration::from_secs(1);
+        let mut workers = Vec::new();
+        for i in 0..c {
+            let chat = format!("ahp-chat:/m{i}");
+            let (mut ws, _) = host.ws_init(&format!("m{i}"), &[chat.as_str()]);
+            workers.push(thread::spawn(move || {
+                let (mut counted, mut latencies) = (0u64, Vec::new());
+                let mut seq = 0;
+                for k in 1u64.. {
+                    if Instant::now() >= stop_at {
+                        break;
+                    }
+                    let turn = format!("t{k}");
+                    for action in [
+                        turn_started(&turn, "x"),
+                        json!({"type": "chat/turnCancelled", "turnId": turn, "duration": 1}),
+                    ] {
+                        seq += 1;
+                        let sent = Instant::now();
+                        ws.dispatch(&chat, seq, action);
+                        let echo = echo_of(&mut ws, seq).expect("echo");
+                        assert!(echo["params"].get("rejectionReason").is_none(), "{echo}");
+                        if sent >= measure_from {
+                            counted += 1;
+                            latencies.push(sent.elapsed());
+                        }
+                    }
+                }
+                (counted, latencies)
+            }));
+        }
+        let (mut total, mut latencies) = (0u64, Vec::new());
+        for w in workers {
+            let (n, l) = w.join().expect("worker");
+            total += n;
+            latencies.extend(l);
+        }
+        latencies.sort();
+        let pct =
+            |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+        println!(
+            "C={c}: {:.0} durable changes/s, echo p50 {:?} p99 {:?}",
+            total as f64 / secs as f64,
+            pct(0.5),
+            pct(0.99)
+        );
+    }
+}
