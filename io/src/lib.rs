@@ -10,4 +10,4 @@ pub mod writer;
 
 pub use config::{ConfigError, HostFileConfig, PrincipalEntry};
 pub use credentials::Credentials;
-pub use sqlite::{OpenError, SqliteStore};
+pub use sqlite::{OpenError, SqliteStore, SqliteWriter};

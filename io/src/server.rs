@@ -33,12 +33,13 @@ use std::net::{Shutdown, SocketAddr};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::credentials::{token_from_request, Credentials};
-use axhost_core::{ConnId, Host, Input, Now, Output, Store, U64Map};
+use crate::writer::{BatchStore, Outcome, Writer, WriterLimits};
+use axhost_core::{Change, ConnId, Host, Input, Now, Output, Store, U64Map};
 use busy_poll::BusyPoll;
 use coalesce::Coalesce;
 use http::{Head, Route, Status};
 use mio::net::TcpListener;
-use mio::{Events, Interest, Poll, Token};
+use mio::{Events, Interest, Poll, Token, Waker};
 use read_rounds::TurnLoad;
 pub use read_rounds::MESSAGES_PER_READ_MAX;
 use signal_hook::consts::{SIGINT, SIGTERM};
@@ -70,18 +71,27 @@ pub struct ServeOptions {
 /// Runs `host` on `opts.listen` until SIGINT or SIGTERM. Calls `on_ready` with the bound address
 /// once the listener accepts connections. Returns `Ok(())` after a clean shutdown; an `Err` only
 /// when the listener, the poller or signal registration fails.
-pub fn serve<S: Store>(
+pub fn serve<S: Store, W: BatchStore<Change = Box<Change>>>(
     host: Host<S>,
+    store_writes: W,
     opts: ServeOptions,
     on_ready: impl FnOnce(SocketAddr),
 ) -> io::Result<()> {
-    let mut driver = Driver::new(host, opts)?;
+    let mut driver = Driver::new(host, store_writes, opts)?;
     on_ready(driver.local_addr);
-    driver.run()
+    let result = driver.run();
+    // What the last turns handed over still becomes durable (no one sees it: every
+    // WebSocket is closed by now).
+    if let Some(writer) = driver.writer.take() {
+        writer.finish(Duration::from_millis(SHUTDOWN_WRITER_MS));
+    }
+    result
 }
 
 const LISTENER: Token = Token(usize::MAX - 1);
 const SIGNALS: Token = Token(usize::MAX - 2);
+/// The writer thread's waker: outcomes are ready.
+const WRITER: Token = Token(usize::MAX - 3);
 
 /// Events taken from one `poll` call.
 const EVENTS_PER_POLL_MAX: usize = 1024;
@@ -103,6 +113,10 @@ const FILLED_SHARE_SAMPLES_MAX: usize = 8;
 
 /// Time a closing connection gets to drain its buffer and see the peer's EOF before it is dropped.
 const CLOSING_LINGER_MS: u64 = 5_000;
+
+/// Time a shutdown gives the writer to commit what is queued before WebSockets are closed,
+/// and again, after the loop stops, for what the last turns queued.
+const SHUTDOWN_WRITER_MS: u64 = 5_000;
 
 /// Time a shutdown gives WebSockets to receive their close frames before the driver returns.
 const SHUTDOWN_DRAIN_MS: u64 = 2_000;
@@ -234,8 +248,9 @@ struct Driver<S: Store> {
     clock: Clock,
     /// Looked up per message (and never iterated in an order that matters).
     slots: U64Map<Slot>,
-    /// Carries out the core's `Output::Commit`s on this thread.
-    writer: axhost_core::drive::SyncWriter,
+    /// The writer thread that commits the core's `Output::Commit`s (`writer.rs`). `None` only
+    /// once `serve` has closed it at the end.
+    writer: Option<Writer<Box<Change>>>,
     /// The next connection id; ids start at 1 and are never reused.
     next_id: u64,
     /// Head timeouts, keepalive probes and closing lingers. Invariant: one entry per `Head` or
@@ -274,8 +289,17 @@ struct Driver<S: Store> {
 }
 
 impl<S: Store> Driver<S> {
-    fn new(host: Host<S>, opts: ServeOptions) -> io::Result<Driver<S>> {
+    fn new<W: BatchStore<Change = Box<Change>>>(
+        host: Host<S>,
+        store_writes: W,
+        opts: ServeOptions,
+    ) -> io::Result<Driver<S>> {
         let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WRITER)?;
+        let writer = Writer::start(store_writes, WriterLimits::default(), move || {
+            // A failed wake means the poller is gone, and with it the loop.
+            let _ = waker.wake();
+        })?;
         let mut listener = TcpListener::bind(opts.listen)?;
         let local_addr = listener.local_addr()?;
         poll.registry()
@@ -297,7 +321,7 @@ impl<S: Store> Driver<S> {
                 start: std::time::Instant::now(),
             },
             slots: U64Map::default(),
-            writer: axhost_core::drive::SyncWriter::default(),
+            writer: Some(writer),
             next_id: 1,
             deadlines: BTreeSet::new(),
             heads: BTreeSet::new(),
@@ -327,6 +351,8 @@ impl<S: Store> Driver<S> {
                 match event.token() {
                     LISTENER => accept = true,
                     SIGNALS => signalled = true,
+                    // Outcomes are collected every turn; the wake only ends the wait.
+                    WRITER => {}
                     Token(t) => {
                         let id = t as u64;
                         if event.is_read_closed() || event.is_error() {
@@ -467,6 +493,7 @@ impl<S: Store> Driver<S> {
             self.deadlines.remove(&(at, id));
             self.on_deadline(id);
         }
+        self.deliver_outcomes(now);
         for _ in 0..FLUSH_PASSES_MAX {
             self.drain_outputs(now);
             if self.dirty.is_empty() {
@@ -504,6 +531,32 @@ impl<S: Store> Driver<S> {
         Some(Duration::from_millis(earliest.saturating_sub(now_ms)))
     }
 
+    /// Feeds the core every outcome the writer has ready; what they release is drained next.
+    fn deliver_outcomes(&mut self, now: Now) {
+        while let Some(outcome) = self.writer.as_mut().and_then(Writer::poll_outcome) {
+            self.host.handle(now, outcome_input(outcome));
+        }
+    }
+
+    /// Shutdown: lets the writer commit what is queued (up to `SHUTDOWN_WRITER_MS`) and hands
+    /// the outcomes to the core, so what they release is queued ahead of the close frames.
+    fn settle_writer(&mut self, now: Now) {
+        let deadline = std::time::Instant::now() + Duration::from_millis(SHUTDOWN_WRITER_MS);
+        while let Some(writer) = self.writer.as_mut() {
+            if writer.unresolved() == 0 {
+                break;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match writer.wait_outcome(left) {
+                Some(outcome) => self.host.handle(now, outcome_input(outcome)),
+                None => break,
+            }
+            self.drain_outputs(now);
+        }
+        self.deliver_outcomes(now);
+        self.drain_outputs(now);
+    }
+
     /// Returns true when this is the second stop request (stop at once).
     fn on_signal(&mut self) -> bool {
         let stop = self.signals.pending().any(|s| s == SIGINT || s == SIGTERM);
@@ -520,6 +573,7 @@ impl<S: Store> Driver<S> {
             let _ = self.poll.registry().deregister(&mut listener);
         }
         self.accept_retry_ms = None;
+        self.settle_writer(now);
         let ids: Vec<u64> = self.slots.keys().copied().collect();
         for id in ids {
             let open = self
@@ -1051,9 +1105,15 @@ impl<S: Store> Driver<S> {
                 Output::Close { conn, code, reason } => {
                     self.close(conn.0, code.code(), reason, now)
                 }
-                // For now committed here, on the loop thread; what the outcome releases comes
-                // out of this same loop.
-                Output::Commit(change) => self.writer.commit(&mut self.host, now, &change),
+                Output::Commit(change) => match self.writer.as_mut() {
+                    Some(writer) => writer.submit(change),
+                    None => self.host.handle(
+                        now,
+                        Input::CommitFailed {
+                            number: change.number,
+                        },
+                    ),
+                },
             }
         }
     }
@@ -1225,6 +1285,14 @@ enum Stop {
 }
 
 /// Logs a change of the coalescing state (at most fifty a second: `coalesce::HOLD`).
+/// The core's input for a writer outcome.
+fn outcome_input(outcome: Outcome) -> Input<'static> {
+    match outcome {
+        Outcome::Durable { through } => Input::Durable { through },
+        Outcome::CommitFailed { number } => Input::CommitFailed { number },
+    }
+}
+
 fn log_coalesce(change: Option<coalesce::Change>) {
     match change {
         Some(coalesce::Change::Started) => tracing::debug!("read coalescing started"),

@@ -1,15 +1,18 @@
-//! The durable [`Store`]: one SQLite database file, written through one transaction per change.
+//! The durable [`Store`]: one SQLite database file, written through one transaction per change
+//! or per group of changes.
 //!
 //! Why SQLite: a single file, atomic multi-row transactions and a bundled library, so a fresh
 //! machine needs nothing installed. Durability settings follow the AXP host: WAL with
-//! `synchronous=FULL`, so a change the host has broadcast is on disk (the host commits *before*
-//! it applies or sends anything).
+//! `synchronous=FULL`, so a change reported durable is on disk (the host reveals a change only
+//! after that report). `axhost serve` splits the store ([`SqliteStore::split`],
+//! `sqlite/split.rs`): the writer thread (`writer.rs`) commits through one connection, the
+//! event loop reads through another.
 //!
 //! ## Owner lock
 //! Two hosts on one database would both hand out `serverSeq` values and corrupt each other's
 //! history. Each `SqliteStore` therefore holds an exclusive transaction on a second, tiny
-//! database `<path>.lock` for its whole life. The lock is taken with `busy_timeout=0`, so a second
-//! host fails at once with [`OpenError::Locked`]; the operating system drops it when the process
+//! database `<path>.lock` for its whole life (after a split, the `SqliteWriter` holds it). The
+//! lock is taken with `busy_timeout=0`, so a second host fails at once with [`OpenError::Locked`]; the operating system drops it when the process
 //! dies, so a crash never leaves a stale lock behind (unlike a pid file).
 //!
 //! ## Schema (version 3, in `PRAGMA user_version`)
@@ -36,6 +39,9 @@ use std::time::Duration;
 
 use axhost_core::{Change, Event, Loaded, Receipt, Record, Store, StoreError, Table};
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
+
+mod split;
+pub use split::SqliteWriter;
 
 /// The schema this build writes and reads.
 pub const SCHEMA_VERSION: i64 = 3;
@@ -174,11 +180,13 @@ impl std::error::Error for OpenError {
 
 /// The SQLite-backed [`Store`]. Owns the database for as long as it lives.
 pub struct SqliteStore {
-    /// The database. Declared before `_owner_lock` so it closes first: the lock must outlive
+    /// The database. Declared before `owner_lock` so it closes first: the lock must outlive
     /// every write.
     conn: Connection,
-    /// Holds `BEGIN EXCLUSIVE` on `<path>.lock`; dropping it releases ownership.
-    _owner_lock: Connection,
+    /// Holds `BEGIN EXCLUSIVE` on `<path>.lock` (see the module docs). `None` in the half of a
+    /// [`SqliteStore::split`] left on the event loop, which only reads: the lock went with the
+    /// writer.
+    owner_lock: Option<Connection>,
     path: PathBuf,
     /// The last committed `serverSeq` mark, mirrored so `commit` can refuse a change that would
     /// move it backwards without a query.
@@ -233,11 +241,56 @@ impl SqliteStore {
         tracing::debug!(path = %path.display(), server_seq, "opened store");
         Ok(SqliteStore {
             conn,
-            _owner_lock: owner_lock,
+            owner_lock: Some(owner_lock),
             path: path.to_owned(),
             server_seq,
             last_event_seq,
         })
+    }
+
+    /// Splits the store for the writer thread: the returned [`SqliteWriter`] takes this
+    /// store's connection and the owner lock (it commits, and the lock lives as long as any
+    /// write can happen); the returned `SqliteStore` reads through a new connection with
+    /// `query_only` set and refuses [`Store::commit`]. See `sqlite/split.rs`.
+    pub fn split(self) -> Result<(SqliteStore, SqliteWriter), OpenError> {
+        let path = self.path.clone();
+        let fail = |action: &'static str| {
+            let path = path.clone();
+            move |source: rusqlite::Error| OpenError::Sqlite {
+                path: path.clone(),
+                action,
+                source,
+            }
+        };
+        let reads = Connection::open(&path).map_err(fail("opening the read connection"))?;
+        reads
+            .busy_timeout(BUSY_TIMEOUT)
+            .map_err(fail("setting busy_timeout"))?;
+        reads
+            .pragma_update(None, "query_only", "ON")
+            .map_err(fail("setting query_only=ON"))?;
+        let SqliteStore {
+            conn,
+            owner_lock,
+            path,
+            server_seq,
+            last_event_seq,
+        } = self;
+        let Some(owner_lock) = owner_lock else {
+            return Err(OpenError::Corrupt {
+                path,
+                problem: "the store was already split".into(),
+            });
+        };
+        let writer = SqliteWriter::new(conn, owner_lock, server_seq, last_event_seq);
+        let reader = SqliteStore {
+            conn: reads,
+            owner_lock: None,
+            path,
+            server_seq,
+            last_event_seq,
+        };
+        Ok((reader, writer))
     }
 
     /// The database file this store owns.
@@ -403,6 +456,11 @@ impl Store for SqliteStore {
     }
 
     fn commit(&mut self, change: &Change) -> Result<(), StoreError> {
+        if self.owner_lock.is_none() {
+            return Err(StoreError(
+                "this store only reads: its writes go through its SqliteWriter".into(),
+            ));
+        }
         check_order(self.server_seq, self.last_event_seq, change)?;
         // IMMEDIATE takes the write lock up front, so the transaction cannot fail half-way for
         // want of it. Dropping `tx` without `commit` rolls everything back.
