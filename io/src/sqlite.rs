@@ -864,6 +864,7 @@ mod tests {
         for seq in 1..=9u64 {
             let channel = if seq % 3 == 0 { "b" } else { "a" };
             let change = Change {
+                number: seq,
                 server_seq: seq,
                 events: vec![event(seq, channel)],
                 ..Change::default()
