@@ -246,7 +246,8 @@ impl<T: Numbered> SimWriter<T> {
                 self.stats.failed_changes += t.changes.len() as u64;
                 let newest = t.changes.iter().map(Numbered::generation).max();
                 let g = newest.unwrap_or_default();
-                self.drop_through_generation = Some(self.drop_through_generation.map_or(g, |d| d.max(g)));
+                self.drop_through_generation =
+                    Some(self.drop_through_generation.map_or(g, |d| d.max(g)));
                 let before = self.queue.len();
                 self.queue.retain(|c| c.generation() > g);
                 self.stats.dropped += (before - self.queue.len()) as u64;
@@ -258,8 +259,7 @@ impl<T: Numbered> SimWriter<T> {
             Some(ms) => ms,
             None => self.draw(self.profile.report_ms_max),
         };
-        let due = (now_ms + delay)
-            .max(self.reports.back().map_or(0, |r| r.0));
+        let due = (now_ms + delay).max(self.reports.back().map_or(0, |r| r.0));
         self.reports.push_back((due, outcome));
         if !self.queue.is_empty() {
             self.take_at = Some(now_ms + self.draw(self.profile.gather_ms_max));
@@ -394,7 +394,12 @@ mod tests {
 
     /// Runs everything due until `until_ms`, committing into `store`, failing transactions
     /// whose first number is in `fail`.
-    fn run(w: &mut SimWriter<C>, until_ms: u64, store: &mut Vec<u64>, fail: &[u64]) -> Vec<(u64, Outcome)> {
+    fn run(
+        w: &mut SimWriter<C>,
+        until_ms: u64,
+        store: &mut Vec<u64>,
+        fail: &[u64],
+    ) -> Vec<(u64, Outcome)> {
         let mut out = Vec::new();
         while let Some(at) = w.next_due().filter(|&at| at <= until_ms) {
             let got = w.run_due(at, |batch: &[C]| {
