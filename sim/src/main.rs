@@ -96,6 +96,22 @@ fn print_line(r: &Report) {
         r.counters.client_ids_released,
         r.chat_limit_rejections,
     );
+    let c = &r.commits;
+    println!(
+        "  commits: transactions={} changes={} largest={} slow={} failed={} (changes {}) dropped={} lost={} crashes_in_flight={} frames_checked={} states_compared={} states_unknown={}",
+        c.transactions,
+        c.changes,
+        c.largest,
+        c.slow,
+        c.failed,
+        c.failed_changes,
+        c.dropped,
+        c.lost,
+        c.crashes_in_flight,
+        r.durability.frames_checked,
+        r.durability.states_compared,
+        r.durability.states_unknown,
+    );
     if !r.services.is_empty() {
         println!("  services: {:?}", r.services);
     }
@@ -107,6 +123,7 @@ fn main() -> ExitCode {
     };
     let started = Instant::now();
     let (mut ok, mut steps, mut released, mut chat_limits) = (0u64, 0u64, 0u64, 0u64);
+    let mut commits = axhost_sim::writer::WriterStats::default();
     let mut services: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failed: Vec<String> = Vec::new();
     for seed in args.seeds.clone() {
@@ -135,6 +152,14 @@ fn main() -> ExitCode {
                 ok += 1;
                 released += r.counters.client_ids_released;
                 chat_limits += r.chat_limit_rejections;
+                let c = &r.commits;
+                commits.transactions += c.transactions;
+                commits.changes += c.changes;
+                commits.slow += c.slow;
+                commits.failed += c.failed;
+                commits.dropped += c.dropped;
+                commits.lost += c.lost;
+                commits.crashes_in_flight += c.crashes_in_flight;
                 for (k, v) in &r.services {
                     *services.entry(k).or_default() += v;
                 }
@@ -166,6 +191,16 @@ fn main() -> ExitCode {
         }
         println!("  {released:>9}  idle clientIds released");
         println!("  {chat_limits:>9}  chat actions refused: chat limits");
+        println!(
+            "  {:>9}  group commits ({} changes; {} slow, {} failed, {} changes dropped after a failure, {} lost in {} crashes with commits in flight)",
+            commits.transactions,
+            commits.changes,
+            commits.slow,
+            commits.failed,
+            commits.dropped,
+            commits.lost,
+            commits.crashes_in_flight
+        );
     }
     if !failed.is_empty() {
         println!("{} seeds failed:", failed.len());

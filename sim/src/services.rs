@@ -403,10 +403,33 @@ pub struct ServiceModel {
     cause: Cause,
     now_ms: u64,
     sent: Vec<Sent>,
+    /// Requests the host answers later (the answer waits for a commit in flight): method and
+    /// params by `(connection, id)`.
+    deferred: BTreeMap<(ConnId, String), Deferred>,
+    /// Call refusals the host holds: the code each must carry, by `(connection, id)`.
+    deferred_refusals: BTreeMap<(ConnId, String), i64>,
+    /// `id: null` errors the host holds, per connection.
+    deferred_nulls: BTreeMap<ConnId, u32>,
     /// The host's counters after the previous call.
     stats: Stats,
     /// What happened, by kind, for the report.
     pub tally: BTreeMap<&'static str, u64>,
+}
+
+/// An answer to a request of an earlier call: connection, method, params, outcome.
+type Late = (ConnId, String, Option<String>, Result<String, String>);
+
+/// A request whose answer the host holds for a commit in flight.
+#[derive(Clone, Debug)]
+struct Deferred {
+    method: String,
+    params: Option<String>,
+    /// A registry change the model took from the host's registry when the request was handled
+    /// (the service id, for a registration): its answer only confirms it.
+    applied: Option<String>,
+    /// A registration the host rolled back (its catalog reservation failed) before answering:
+    /// the answer must not be a success.
+    rolled_back: bool,
 }
 
 /// Facts about one host call, gathered from its outputs.
@@ -421,6 +444,8 @@ struct Effects {
     /// Services gone in this call.
     removed: BTreeSet<String>,
     others: usize,
+    /// Answers to requests of earlier calls.
+    late: Vec<Late>,
 }
 
 impl ServiceModel {
@@ -449,6 +474,9 @@ impl ServiceModel {
             cause: Cause::Idle,
             now_ms: 0,
             sent: Vec::new(),
+            deferred: BTreeMap::new(),
+            deferred_refusals: BTreeMap::new(),
+            deferred_nulls: BTreeMap::new(),
             stats: Stats::default(),
             tally: BTreeMap::new(),
         }
@@ -480,6 +508,9 @@ impl ServiceModel {
         self.history.clear();
         self.fifo.clear();
         self.sent.clear();
+        self.deferred.clear();
+        self.deferred_refusals.clear();
+        self.deferred_nulls.clear();
         self.cause = Cause::Idle;
         self.stats = Stats::default();
     }
@@ -497,7 +528,6 @@ impl ServiceModel {
             },
             Input::Flushed { .. } => Cause::Flushed,
             Input::Closed { conn } => Cause::Closed(*conn),
-            // The drive loop reports commit outcomes inside the call that issued them.
             Input::Durable { .. } | Input::CommitFailed { .. } => Cause::Flushed,
         };
     }
@@ -514,7 +544,6 @@ impl ServiceModel {
         self.sent.push(match out {
             Output::Send { conn, frame } => classify(*conn, frame.as_bytes()),
             Output::Close { conn, .. } => Sent::Close { conn: *conn },
-            // Carried out by the drive loop, never sent anywhere.
             Output::Commit(_) => return,
         });
     }
@@ -542,6 +571,9 @@ impl ServiceModel {
                     sent.first()
                 ));
             }
+        }
+        if let (false, Cause::Message { conn, msg, .. }) = (ignored, &cause) {
+            self.infer_ready(*conn, msg, &sent);
         }
         // What the model, as it was before this call, says must happen.
         let mut expected = Expected::Nothing;
@@ -578,6 +610,70 @@ impl ServiceModel {
         if let Cause::Closed(conn) = cause {
             fx.closed.insert(conn);
         }
+        for (conn, method, params, outcome) in std::mem::take(&mut fx.late) {
+            let own = fx.direct.replace(outcome.clone());
+            let result = self.on_request(conn, &method, params.as_deref(), &mut fx);
+            fx.direct = own;
+            result?;
+            // A handshake whose change failed puts the connection back before its handshake.
+            let failed = outcome.as_ref().err().and_then(|e| error_code(e)) == Some(-32603);
+            if failed && (method == "initialize" || method == "reconnect") {
+                if let Some(p) = self.peers.get_mut(&conn) {
+                    p.ready = false;
+                }
+            }
+        }
+        if let (
+            false,
+            Cause::Message {
+                conn,
+                msg: Message::Request { id, method, params },
+                ..
+            },
+        ) = (ignored, &cause)
+        {
+            if fx.direct.is_none() && method != "clientService/request" {
+                let applied = self.infer_registry(host, *conn, method, params.as_deref())?;
+                if applied.is_some() && method == "client/unregisterService" {
+                    let p: Value = params
+                        .as_deref()
+                        .and_then(|p| serde_json::from_str(p).ok())
+                        .unwrap_or_default();
+                    if let Some(sid) = p.get("serviceId").and_then(Value::as_str) {
+                        fx.removed.insert(sid.to_owned());
+                    }
+                }
+                let d = Deferred {
+                    method: method.clone(),
+                    params: params.clone(),
+                    applied,
+                    rolled_back: false,
+                };
+                self.deferred.insert((*conn, id.clone()), d);
+            }
+        }
+        if let (
+            false,
+            Cause::Message {
+                conn,
+                msg: Message::Malformed,
+                ..
+            },
+        ) = (ignored, &cause)
+        {
+            if fx.direct.is_none() {
+                *self.deferred_nulls.entry(*conn).or_default() += 1;
+            }
+        }
+        self.resync_rolled_back(host);
+        // Nothing more is answered on a connection that is gone or closing.
+        if let Cause::Closed(conn) = &cause {
+            fx.closed.insert(*conn);
+        }
+        self.deferred.retain(|(c, _), _| !fx.closed.contains(c));
+        self.deferred_refusals
+            .retain(|(c, _), _| !fx.closed.contains(c));
+        self.deferred_nulls.retain(|c, _| !fx.closed.contains(c));
         match (&cause, expected) {
             (Cause::Message { conn, .. }, Expected::Call(call)) => {
                 let id = match &cause {
@@ -645,6 +741,45 @@ impl ServiceModel {
                 Sent::Answer { conn, id, outcome } => {
                     if fx.direct.is_none() && asked == Some((conn, id.as_str())) {
                         fx.direct = Some(outcome);
+                    } else if let Some(code) = self.deferred_refusals.remove(&(conn, id.clone())) {
+                        let got = outcome.as_ref().err().and_then(|e| error_code(e));
+                        if got != Some(code) {
+                            return Err(format!(
+                                "call {id} on {conn:?} was held and answered {outcome:?}, the contract says {code}"
+                            ));
+                        }
+                        self.count(refusal_name(code));
+                    } else if id == "null" && self.deferred_nulls.get(&conn).is_some_and(|n| *n > 0)
+                    {
+                        if let Some(n) = self.deferred_nulls.get_mut(&conn) {
+                            *n -= 1;
+                        }
+                    } else if let Some(d) = self.deferred.remove(&(conn, id.clone())) {
+                        if d.rolled_back {
+                            if outcome.is_ok() {
+                                return Err(format!(
+                                    "{} id {id} on {conn:?} was answered with success after the host rolled it back: {outcome:?}",
+                                    d.method
+                                ));
+                            }
+                        } else if let Some(applied) = d.applied {
+                            let id_now = outcome.as_ref().ok().and_then(|r| {
+                                serde_json::from_str::<Value>(r).ok().and_then(|v| {
+                                    v.get("serviceId")
+                                        .and_then(Value::as_str)
+                                        .map(str::to_owned)
+                                })
+                            });
+                            if d.method == "client/registerService"
+                                && id_now.as_ref() != Some(&applied)
+                            {
+                                return Err(format!(
+                                    "registerService on {conn:?} was held and answered {outcome:?}, but the host registered {applied}"
+                                ));
+                            }
+                        } else {
+                            fx.late.push((conn, d.method, d.params, outcome));
+                        }
                     } else if let Some(h) = self.by_caller.remove(&(conn, id.clone())) {
                         let Some(f) = self.flights.remove(&h) else {
                             return Err(format!("model: no flight {h}"));
@@ -680,6 +815,133 @@ impl ServiceModel {
     }
 
     // ─── Requests ───────────────────────────────────────────────────────────────────────────
+
+    /// A registry request whose answer is held: the host's registry says whether it took
+    /// effect (the registry lives in memory and changes at once). Returns what the model
+    /// applied, if anything.
+    fn infer_registry(
+        &mut self,
+        host: &Host<SimStore>,
+        conn: ConnId,
+        method: &str,
+        params: Option<&str>,
+    ) -> Result<Option<String>, String> {
+        let held = host.service_count();
+        let p: Value = params
+            .and_then(|p| serde_json::from_str(p).ok())
+            .unwrap_or_default();
+        match method {
+            "client/registerService" if held == self.services.len() + 1 => {
+                let principal = self.peer(conn)?.principal.clone();
+                let viewer = Principal::maintainer(&principal);
+                let catalog = host.channel_state_for(&viewer, CATALOG).unwrap_or_default();
+                let new: Vec<String> = catalog["services"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| e["serviceId"].as_str())
+                    .filter(|id| !self.services.contains_key(*id))
+                    .map(str::to_owned)
+                    .collect();
+                let [id] = new.as_slice() else {
+                    return Err(format!(
+                        "a held registerService on {conn:?} added a service the owner cannot see as one new id ({new:?})"
+                    ));
+                };
+                if !self.ever.insert(id.clone()) {
+                    return Err(format!("service id {id} handed out twice"));
+                }
+                self.services.insert(
+                    id.clone(),
+                    Service {
+                        owner: conn,
+                        principal,
+                        audience: audience(p.get("audience")),
+                    },
+                );
+                self.count("services registered");
+                Ok(Some(id.clone()))
+            }
+            "client/unregisterService" if held + 1 == self.services.len() => {
+                let sid = p
+                    .get("serviceId")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                match self.services.get(sid) {
+                    Some(s) if s.owner == conn => {
+                        self.services.remove(sid);
+                        Ok(Some(String::new()))
+                    }
+                    _ => Err(format!(
+                        "a held unregisterService of {sid} by {conn:?} removed a service, but it owns no such service"
+                    )),
+                }
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// A registration taken from the host while its answer was held, which the host has since
+    /// rolled back (its catalog reservation failed): the model forgets it too.
+    fn resync_rolled_back(&mut self, host: &Host<SimStore>) {
+        if host.service_count() >= self.services.len() {
+            return;
+        }
+        let held: Vec<(ConnId, String, String)> = self
+            .deferred
+            .iter()
+            .filter(|(_, d)| d.method == "client/registerService" && !d.rolled_back)
+            .filter_map(|((c, id), d)| d.applied.clone().map(|s| (*c, id.clone(), s)))
+            .collect();
+        for (conn, id, sid) in held {
+            let Some(principal) = self.services.get(&sid).map(|s| s.principal.clone()) else {
+                continue;
+            };
+            let viewer = Principal::maintainer(&principal);
+            let catalog = host.channel_state_for(&viewer, CATALOG).unwrap_or_default();
+            let still = catalog["services"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["serviceId"].as_str() == Some(sid.as_str()));
+            if !still {
+                self.services.remove(&sid);
+                if let Some(d) = self.deferred.get_mut(&(conn, id)) {
+                    d.rolled_back = true;
+                }
+            }
+        }
+    }
+
+    /// A call or notification from a connection whose handshake answer is still held: the
+    /// host may have made it ready already. Its answer tells: `-32009` means not yet, and
+    /// anything else (or a forwarded notification) means the handshake went through.
+    fn infer_ready(&mut self, conn: ConnId, msg: &Message, sent: &[Sent]) {
+        let handshaking = self
+            .deferred
+            .iter()
+            .any(|((c, _), d)| *c == conn && (d.method == "initialize" || d.method == "reconnect"));
+        if !handshaking || self.peers.get(&conn).is_none_or(|p| p.ready) {
+            return;
+        }
+        let ready = match msg {
+            Message::Request { id, method, .. } if method == "clientService/request" => {
+                !sent.iter().any(|s| {
+                    matches!(s, Sent::Answer { conn: c, id: i, outcome: Err(e) }
+                        if *c == conn && i == id && error_code(e) == Some(NOT_READY))
+                })
+            }
+            Message::Notification { method, .. } if method == "clientService/notify" => {
+                sent.iter().any(|s| matches!(s, Sent::Notification { .. }))
+            }
+            _ => false,
+        };
+        if ready {
+            if let Some(p) = self.peers.get_mut(&conn) {
+                p.ready = true;
+            }
+        }
+    }
 
     /// Registrations, updates, unregistrations and handshakes that succeeded.
     fn on_request(
@@ -868,6 +1130,11 @@ impl ServiceModel {
                 Ok(())
             }
             (Err(_), None, None) if caller_closed => Ok(()),
+            (Err(code), None, None) => {
+                // Held behind a commit in flight; its answer comes later.
+                self.deferred_refusals.insert((conn, id.to_owned()), code);
+                Ok(())
+            }
             (Err(code), direct, forwarded) => Err(format!(
                 "call {id} on {conn:?} must be refused with {code}; the host answered {direct:?} and forwarded {forwarded:?}"
             )),

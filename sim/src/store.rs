@@ -2,9 +2,10 @@
 //!
 //! Faults live at the boundary, never in the core (FoundationDB's buggify, two stages): a run
 //! *activates* store faults with one probability (in `Options::swarm`), then each store call
-//! *fires* with another. A fired commit goes through `MemStore::fail_next_commits`, so the
-//! refusal comes from the reference store itself. The host must then answer with an error or a
-//! rejection and change nothing; the checker sees any drift between memory, clients and store.
+//! *fires* with another. The simulated writer ([`crate::writer`]) commits a whole group of
+//! changes through [`SimStore::commit_group`]: a fired fault refuses all of it, as a failed
+//! SQLite transaction writes nothing. The host must then roll back and answer with errors or
+//! rejections; the durability oracles see any drift between memory, clients and store.
 
 use std::cell::Cell;
 
@@ -45,7 +46,7 @@ impl SimStore {
         self.armed.set(false);
     }
 
-    /// Refuses the next `n` commits (scripted tests).
+    /// Refuses the next `n` transactions (scripted tests).
     pub fn fail_next_commits(&self, n: u32) {
         self.forced.set(n);
     }
@@ -53,6 +54,26 @@ impl SimStore {
     /// The reference store underneath, for inspection.
     pub fn mem(&self) -> &MemStore {
         &self.mem
+    }
+
+    /// Commits `changes` in one transaction: all of them, in order, or (a fired fault, or a
+    /// forced one) none.
+    pub fn commit_group(&mut self, changes: &[Box<Change>]) -> Result<(), StoreError> {
+        let forced = self.forced.get();
+        if forced > 0 {
+            self.forced.set(forced - 1);
+            self.refused += 1;
+            return Err(StoreError("injected group commit failure".into()));
+        }
+        if self.fires() {
+            self.refused += 1;
+            return Err(StoreError("injected group commit failure".into()));
+        }
+        for change in changes {
+            // The reference store refuses only on request, so none of this fails half-way.
+            self.mem.commit(change)?;
+        }
+        Ok(())
     }
 
     fn fires(&mut self) -> bool {

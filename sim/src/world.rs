@@ -17,18 +17,21 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axhost_core::drive::Drive;
 use axhost_core::{ConnId, Host, HostConfig, Input, Instant, Now, Output, Principal, SessionScope};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::checker::{Checker, Digest, Durable, Violation};
+use crate::checker::{Checker, Digest, Violation};
 use crate::client::SimClient;
+use crate::durability::Cause;
 use crate::net::{Direction, SimNet, ToClient, ToHost};
 use crate::options::{Options, Ratio, WallDrift};
 use crate::roles::Gossip;
 use crate::script::Intent;
 use crate::store::SimStore;
+use crate::writer::{SimWriter, WriterStats};
+
+mod write_path;
 
 /// Wall-clock origin of every run: 2026-01-01T00:00:00Z.
 const EPOCH_MS: u64 = 1_767_225_600_000;
@@ -74,6 +77,8 @@ enum Event {
     Flushed { conn: ConnId, bytes: u64 },
     /// The host process restarts over its store.
     Restart,
+    /// The host process crashes while the writer has something in flight (once).
+    Crash,
     /// The wall clock jumps.
     WallJump,
     /// A calm client retries a refused handshake on `conn`.
@@ -92,6 +97,7 @@ enum Event {
 /// What runs next.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Due {
+    Writer,
     HostTimer,
     Net(ConnId, Direction),
     Agenda(u64, u64),
@@ -149,6 +155,10 @@ pub struct Report {
     pub clock_regressions: u64,
     /// Client-services outcomes the checker saw, by kind.
     pub services: BTreeMap<&'static str, u64>,
+    /// The simulated writer's counters, over every host lifetime.
+    pub commits: WriterStats,
+    /// Frames checked against the store and channel states compared with the durable state.
+    pub durability: crate::durability::DurabilityStats,
 }
 
 /// The simulated world. See the module docs.
@@ -159,8 +169,6 @@ pub struct World {
     clock: SimClock,
     config: HostConfig,
     host: Option<Host<SimStore>>,
-    /// Carries out the host's commits (at once, on its store) and hands out the rest.
-    drive: Drive,
     net: SimNet,
     /// The clients.
     pub clients: Vec<SimClient>,
@@ -182,6 +190,12 @@ pub struct World {
     departed: bool,
     /// What clients told each other.
     gossip: Gossip,
+    /// The simulated writer: commits what the host hands out, later.
+    writer: SimWriter<Box<axhost_core::Change>>,
+    /// The request the input being fed carries, if any.
+    cause: Cause,
+    /// Changes handed out during the current drain.
+    issued_now: Vec<u64>,
 }
 
 impl World {
@@ -203,6 +217,8 @@ impl World {
         let net_rng = ChaCha8Rng::seed_from_u64(root.random());
         let store_rng = ChaCha8Rng::seed_from_u64(root.random());
         let mut rng = ChaCha8Rng::seed_from_u64(root.random());
+        // The writer's generator derives from the seed alone, so adding it shifted no other.
+        let writer_rng = ChaCha8Rng::seed_from_u64(options.seed ^ 0x3717_e5a1_0000_0001);
         let config = HostConfig {
             limits: options.limits.clone(),
             trust_groups: options.trust_groups.clone(),
@@ -228,7 +244,11 @@ impl World {
                 c
             })
             .collect();
-        let checker = Checker::new(&config);
+        let mut checker = Checker::new(&config);
+        if let Some(h) = &host {
+            checker.durability.started(h, &options.session_ids());
+        }
+        let writer = SimWriter::new(options.commits, writer_rng);
         let mut world = World {
             net: SimNet::new(net_rng, options.latency_ms_min, options.latency_ms_max),
             clock: SimClock {
@@ -240,7 +260,6 @@ impl World {
             rng,
             config,
             host,
-            drive: Drive::immediate().flush_at_once(false).close_at_once(false),
             clients,
             checker,
             agenda: BTreeMap::new(),
@@ -254,6 +273,9 @@ impl World {
             trace: false,
             departed: false,
             gossip: Gossip::default(),
+            writer,
+            cause: None,
+            issued_now: Vec::new(),
         };
         world.seed_agenda();
         world
@@ -325,6 +347,7 @@ impl World {
         let now = self.clock.now();
         self.epoch += 1;
         self.checker.feeding(&input, self.clock.mono_ms);
+        self.cause = self.checker.durability.calling(&input);
         self.host_mut()?.handle(now, input);
         self.fed()
     }
@@ -334,12 +357,16 @@ impl World {
         let now = self.clock.now();
         self.epoch += 1;
         self.checker.timer(self.clock.mono_ms);
+        self.checker.durability.timer();
+        self.cause = None;
         self.host_mut()?.handle_timeout(now);
         self.fed()
     }
 
     fn fed(&mut self) -> Result<(), Violation> {
         self.drain()?;
+        self.checker.durability.called();
+        self.cause = None;
         let Some(host) = self.host.as_ref() else {
             return Ok(());
         };
@@ -356,6 +383,9 @@ impl World {
                 best = Some((at, due));
             }
         };
+        if let Some(at) = self.writer.next_due() {
+            offer(at, Due::Writer);
+        }
         if let Some(deadline) = self.host.as_ref().and_then(|h| h.poll_timeout()) {
             offer(deadline.0, Due::HostTimer);
         }
@@ -384,6 +414,7 @@ impl World {
             eprintln!("[{:>6} t={:>7}] {what}", self.steps, self.clock.mono_ms);
         }
         match due {
+            Due::Writer => self.run_writer()?,
             Due::HostTimer => self.tick()?,
             Due::Net(conn, Direction::ToHost) => self.deliver_to_host(conn)?,
             Due::Net(conn, Direction::ToClient) => self.deliver_to_client(conn)?,
@@ -408,19 +439,14 @@ impl World {
         result.map_err(|m| self.violation(m))
     }
 
-    /// Moves every host output into the network, through the shared drive loop: commits are
-    /// carried out on the host's store at once, flushes and closes are the network's.
+    /// Moves every host output into the network.
     fn drain(&mut self) -> Result<(), Violation> {
         let now_ms = self.clock.mono_ms;
-        let now = self.clock.now();
-        let mut outputs = Vec::new();
-        if let Some(host) = self.host.as_mut() {
-            self.drive.drain(host, now, |out| outputs.push(out));
-        }
-        for out in outputs {
-            if let Err(m) = self.checker.on_output(&out) {
-                return Err(self.violation(m));
-            }
+        loop {
+            let Some(out) = self.host.as_mut().and_then(Host::poll_output) else {
+                self.record_after();
+                return Ok(());
+            };
             if self.trace {
                 match &out {
                     Output::Send { conn, frame } => {
@@ -429,10 +455,30 @@ impl World {
                     Output::Close { conn, code, reason } => {
                         eprintln!("    host closes {conn:?}: {} {reason}", code.code())
                     }
-                    Output::Commit(_) => {}
+                    Output::Commit(change) => eprintln!(
+                        "    host commits #{} (generation {}, serverSeq {}, {} events)",
+                        change.number,
+                        change.generation,
+                        change.server_seq,
+                        change.events.len()
+                    ),
                 }
             }
+            if let Err(m) = self.checker.on_output(&out) {
+                return Err(self.violation(m));
+            }
+            if let (Output::Send { conn, frame }, Some(host)) = (&out, self.host.as_ref()) {
+                let result =
+                    self.checker
+                        .durability
+                        .on_send(*conn, frame.as_str(), host.store().mem());
+                result.map_err(|m| self.violation(format!("{conn:?}: {m}")))?;
+            }
             let known = match out {
+                Output::Commit(change) => {
+                    self.commit_out(change)?;
+                    true
+                }
                 Output::Send { conn, frame } => {
                     let len = frame.len() as u64;
                     self.counters.frame_bytes_max = self.counters.frame_bytes_max.max(len);
@@ -441,13 +487,11 @@ impl World {
                 Output::Close { conn, code, reason } => {
                     self.net.close_to_client(conn, code, reason, now_ms)
                 }
-                Output::Commit(_) => true,
             };
             if !known {
                 return Err(self.violation("output for a connection the driver no longer has"));
             }
         }
-        Ok(())
     }
 
     fn deliver_to_host(&mut self, conn: ConnId) -> Result<(), Violation> {
@@ -599,6 +643,12 @@ impl World {
                 }
                 Ok(())
             }
+            Event::Crash => {
+                if self.liveness {
+                    return Ok(());
+                }
+                self.restart()
+            }
             Event::Restart => {
                 if self.liveness {
                     return Ok(());
@@ -706,14 +756,19 @@ impl World {
         }
     }
 
-    /// Stops the host and starts a new one over the same store. Every connection dies with
-    /// the old process; the checker verifies nothing durable changed.
+    /// Stops the host and starts a new one over the same store: a crash. Every connection
+    /// dies with the old process, and so does every change not yet durable; the new host
+    /// must hold exactly the durable prefix.
     pub fn restart(&mut self) -> Result<(), Violation> {
         let Some(host) = self.host.take() else {
             return Ok(());
         };
         let pool = self.options.session_ids();
-        let before = Durable::capture(&host, &pool);
+        let expected = self
+            .checker
+            .durability
+            .expected_after_crash(self.writer.done_through());
+        self.writer.crash();
         self.counters.client_ids_released += host.stats().client_ids_released;
         let store = host.into_store();
         self.store_faults_before += store.refused;
@@ -735,11 +790,12 @@ impl World {
         let host = Host::new(self.config.clone(), store, host_seed)
             .map_err(|e| self.violation(format!("host failed to restart over its store: {e}")))?;
         self.epoch += 1;
-        // The new host numbers its changes and generations afresh.
-        self.drive = Drive::immediate().flush_at_once(false).close_at_once(false);
-        let result = self.checker.after_restart(&before, &host, &pool);
+        let result = self.checker.after_restart(&host);
+        let durable = self.checker.durability.after_crash(&expected, &host);
+        self.checker.durability.started(&host, &pool);
         self.host = Some(host);
         result.map_err(|m| self.violation(m))?;
+        durable.map_err(|m| self.violation(m))?;
         if self.options.autonomous || self.liveness {
             for i in reconnect {
                 self.schedule_reconnect(i);
@@ -775,6 +831,7 @@ impl World {
         if let Some(h) = &self.host {
             h.store().disarm();
         }
+        self.writer.heal();
         let keep = self.liveness_clients();
         for i in 0..self.clients.len() {
             self.clients[i].calm = true;
@@ -839,6 +896,7 @@ impl World {
         }
         let steps_max = self.steps + SETTLE_STEPS_MAX;
         while !self.net.is_idle()
+            || self.writer.busy()
             || self
                 .agenda
                 .values()
@@ -900,6 +958,9 @@ impl World {
         if !self.net.is_idle() {
             return Some("frames in flight".into());
         }
+        if self.writer.busy() {
+            return Some("commits in flight".into());
+        }
         if self
             .agenda
             .values()
@@ -925,6 +986,9 @@ impl World {
     fn quiet(&self) -> Option<String> {
         if !self.net.is_idle() {
             return Some("frames in flight".into());
+        }
+        if self.writer.busy() {
+            return Some("commits in flight".into());
         }
         if self.agenda.values().any(|e| {
             matches!(
@@ -1005,6 +1069,8 @@ impl World {
             clock_regressions: self.checker.clock_regressions,
             chat_limit_rejections: sum(|c| c.stats.chat_limit_rejections),
             services: self.checker.services.tally.clone(),
+            commits: self.writer.stats.clone(),
+            durability: self.checker.durability.stats.clone(),
         }
     }
 }
