@@ -238,6 +238,7 @@ fn serve_store(
         keepalive_ms: cfg.keepalive(),
         busy_poll_us: cfg.busy_poll(),
         coalesce_us: cfg.coalesce(),
+        driver_limits: cfg.driver_limits.clone(),
     };
     serve(host, writes, opts, |addr| {
         let mut out = std::io::stdout().lock();

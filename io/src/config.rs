@@ -1,14 +1,16 @@
 //! The host configuration file, `DIR/axhost.toml`: listen address, Origin allow-list, limits,
-//! principals (with token digests) and trust groups.
+//! tuning, principals (with token digests) and trust groups.
 //!
 //! ```toml
 //! listen = "127.0.0.1:7331"          # optional
 //! allowed_origins = ["https://x"]    # optional; absent = any Origin
 //! keepalive_ms = 30000               # optional; ping a silent WebSocket, close it after 2x; 0 = off
-//! busy_poll_us = 50                  # optional; poll this long before sleeping under load; 0 = off
-//! coalesce_us = 20                   # optional; starting gap before each turn while saturated by unbatched peers; 0 = off
-//! [limits]                           # optional; any field of axhost_core::Limits
-//! subscriptions_per_conn_max = 256
+//! [limits]                           # optional; any field of axhost_core::Limits or of
+//! subscriptions_per_conn_max = 256   #   axhost_io::server::DriverLimits
+//! pre_auth_sockets_max = 1024
+//! [tuning]                           # optional; speed, never correctness
+//! busy_poll_us = 50                  # poll this long before sleeping under load; 0 = off
+//! coalesce_us = 20                   # starting gap before each turn while saturated by unbatched peers; 0 = off
 //! [[principal]]
 //! id = "alice"
 //! role = "maintainer"                # maintainer | contributor | verifier | observer
@@ -23,6 +25,11 @@
 //! [`save`] writes atomically (temporary file, fsync, rename), so a crash never leaves a
 //! truncated config that would lock every principal out. Saving rewrites the file from the
 //! parsed values: comments are not kept.
+//!
+//! `busy_poll_us` and `coalesce_us` used to be top-level keys. They are still read there, with
+//! one warning per load naming `[tuning]` (the same key in both places is refused), and
+//! [`save`] writes them under `[tuning]`: a file written for an older build keeps working, and
+//! `benches/ab.sh` can give an old and a new build the same settings.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -38,6 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::credentials::{digest_from_hex, to_hex};
 use crate::datadir::CONFIG_FILE;
+use crate::server::DriverLimits;
 
 /// Default keepalive interval: a dead peer is noticed within a minute, and a healthy idle
 /// client sees one 2-byte ping every 30 s.
@@ -66,12 +74,12 @@ pub const COALESCE_US_MAX: u64 = 200;
 impl HostFileConfig {
     /// The busy-polling budget to run with, in microseconds (0 = off).
     pub fn busy_poll(&self) -> u64 {
-        self.busy_poll_us.unwrap_or(BUSY_POLL_US_DEFAULT)
+        self.tuning.busy_poll_us.unwrap_or(BUSY_POLL_US_DEFAULT)
     }
 
     /// The read-coalescing gap to run with, in microseconds (0 = off).
     pub fn coalesce(&self) -> u64 {
-        self.coalesce_us.unwrap_or(COALESCE_US_DEFAULT)
+        self.tuning.coalesce_us.unwrap_or(COALESCE_US_DEFAULT)
     }
 
     /// The keepalive interval to run with, `None` when probing is off.
@@ -95,17 +103,27 @@ pub struct HostFileConfig {
     /// Keepalive interval: a WebSocket silent this long is pinged, one silent twice as long is
     /// closed. `None` uses [`KEEPALIVE_MS_DEFAULT`]; `Some(0)` turns probing off.
     pub keepalive_ms: Option<u64>,
+    /// `[tuning]`: knobs that trade CPU for latency or throughput, never correctness.
+    pub tuning: Tuning,
+    /// Every bound of the core, defaults filled in for fields the file does not set.
+    pub limits: Limits,
+    /// The driver's own bounds, also set in `[limits]`, defaults filled in likewise.
+    pub driver_limits: DriverLimits,
+    /// Principals that may connect, in file order.
+    pub principals: Vec<PrincipalEntry>,
+    /// Groups of principal ids that trust each other (used by client services).
+    pub trust_groups: Vec<Vec<String>>,
+}
+
+/// `[tuning]`: how the driver spends CPU to save latency or syscalls. Any value in range is
+/// correct; they only move speed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tuning {
     /// Busy-polling budget in µs; `None` uses [`BUSY_POLL_US_DEFAULT`], `Some(0)` turns it off.
     pub busy_poll_us: Option<u64>,
     /// Read-coalescing gap in µs, where the adaptive gap starts; `None` uses
     /// [`COALESCE_US_DEFAULT`], `Some(0)` turns it off.
     pub coalesce_us: Option<u64>,
-    /// Every bound, defaults filled in for fields the file does not set.
-    pub limits: Limits,
-    /// Principals that may connect, in file order.
-    pub principals: Vec<PrincipalEntry>,
-    /// Groups of principal ids that trust each other (used by client services).
-    pub trust_groups: Vec<Vec<String>>,
 }
 
 /// One `[[principal]]` entry.
@@ -409,12 +427,15 @@ struct RawConfig {
     allowed_origins: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     keepalive_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Where `[tuning]`'s keys used to be; read (with a warning), never written.
+    #[serde(default, skip_serializing)]
     busy_poll_us: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing)]
     coalesce_us: Option<u64>,
     #[serde(default, skip_serializing_if = "RawLimits::is_empty")]
     limits: RawLimits,
+    #[serde(default, skip_serializing_if = "RawTuning::is_empty")]
+    tuning: RawTuning,
     #[serde(default, rename = "principal", skip_serializing_if = "Vec::is_empty")]
     principals: Vec<RawPrincipal>,
     #[serde(default, rename = "trust_group", skip_serializing_if = "Vec::is_empty")]
@@ -437,13 +458,32 @@ struct RawTrustGroup {
     principals: Vec<String>,
 }
 
-/// Declares `RawLimits`, the `[limits]` table: every field of [`Limits`], all optional.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct RawTuning {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    busy_poll_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    coalesce_us: Option<u64>,
+}
+
+impl RawTuning {
+    fn is_empty(&self) -> bool {
+        self.busy_poll_us.is_none() && self.coalesce_us.is_none()
+    }
+}
+
+/// Declares `RawLimits`, the `[limits]` table: every field of [`Limits`] and of
+/// [`DriverLimits`], all optional.
 ///
-/// The field list is written once, here. Both conversions name every field without `..`, so a
-/// field added to `Limits` fails to compile until it is added to this list (and so to the file
-/// format) instead of being silently unconfigurable.
+/// The field lists are written once, here. Both conversions name every field without `..`, so
+/// a field added to either struct fails to compile until it is added to this list (and so to
+/// the file format) instead of being silently unconfigurable.
 macro_rules! raw_limits {
-    ($($field:ident: $ty:ty),* $(,)?) => {
+    (
+        core { $($field:ident: $ty:ty),* $(,)? }
+        driver { $($dfield:ident: $dty:ty),* $(,)? }
+    ) => {
         /// `[limits]` as written. Saving writes only values that differ from the defaults, so a
         /// later release's better default still reaches a file nobody tuned.
         #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -453,6 +493,10 @@ macro_rules! raw_limits {
                 #[serde(default, skip_serializing_if = "Option::is_none")]
                 $field: Option<$ty>,
             )*
+            $(
+                #[serde(default, skip_serializing_if = "Option::is_none")]
+                $dfield: Option<$dty>,
+            )*
         }
 
         impl RawLimits {
@@ -461,23 +505,38 @@ macro_rules! raw_limits {
                 Limits { $($field: self.$field.unwrap_or(d.$field),)* }
             }
 
-            fn from_limits(limits: &Limits) -> RawLimits {
+            fn to_driver_limits(&self) -> DriverLimits {
+                let d = DriverLimits::default();
+                DriverLimits { $($dfield: self.$dfield.unwrap_or(d.$dfield),)* }
+            }
+
+            fn from_limits(limits: &Limits, driver: &DriverLimits) -> RawLimits {
                 let Limits { $($field,)* } = limits.clone();
+                let DriverLimits { $($dfield,)* } = driver.clone();
                 let d = Limits::default();
-                RawLimits { $($field: ($field != d.$field).then_some($field),)* }
+                let dd = DriverLimits::default();
+                RawLimits {
+                    $($field: ($field != d.$field).then_some($field),)*
+                    $($dfield: ($dfield != dd.$dfield).then_some($dfield),)*
+                }
             }
 
             /// Every limit one above its default; for round-trip tests.
             #[cfg(test)]
-            fn bumped() -> Limits {
+            fn bumped() -> (Limits, DriverLimits) {
                 let d = Limits::default();
-                Limits { $($field: d.$field + 1,)* }
+                let dd = DriverLimits::default();
+                (
+                    Limits { $($field: d.$field + 1,)* },
+                    DriverLimits { $($dfield: dd.$dfield + 1,)* },
+                )
             }
         }
     };
 }
 
 raw_limits! {
+    core {
     connections_max: u32,
     subscriptions_per_conn_max: u32,
     message_bytes_max: u32,
@@ -501,11 +560,16 @@ raw_limits! {
     sessions_max: u32,
     chat_bytes_max: u64,
     chat_bytes_total_max: u64,
+    }
+    driver {
+        pre_auth_sockets_max: u32,
+        partial_message_bytes_total_max: u64,
+    }
 }
 
 impl RawLimits {
     fn is_empty(&self) -> bool {
-        self.to_limits() == Limits::default()
+        self.to_limits() == Limits::default() && self.to_driver_limits() == DriverLimits::default()
     }
 }
 
@@ -515,9 +579,13 @@ impl RawConfig {
             listen: c.listen.map(|a| a.to_string()),
             allowed_origins: c.allowed_origins.clone(),
             keepalive_ms: c.keepalive_ms,
-            busy_poll_us: c.busy_poll_us,
-            coalesce_us: c.coalesce_us,
-            limits: RawLimits::from_limits(&c.limits),
+            busy_poll_us: None,
+            coalesce_us: None,
+            limits: RawLimits::from_limits(&c.limits, &c.driver_limits),
+            tuning: RawTuning {
+                busy_poll_us: c.tuning.busy_poll_us,
+                coalesce_us: c.tuning.coalesce_us,
+            },
             principals: c
                 .principals
                 .iter()
@@ -566,18 +634,23 @@ impl RawConfig {
                 }
             }
         }
-        if let Some(us) = self.busy_poll_us.filter(|&us| us > BUSY_POLL_US_MAX) {
+        let tuning = self.tuning()?;
+        if let Some(us) = tuning.busy_poll_us.filter(|&us| us > BUSY_POLL_US_MAX) {
             return Err(format!(
                 "busy_poll_us = {us} is over {BUSY_POLL_US_MAX} (1 ms); use 0 to turn it off"
             ));
         }
-        if let Some(us) = self.coalesce_us.filter(|&us| us > COALESCE_US_MAX) {
+        if let Some(us) = tuning.coalesce_us.filter(|&us| us > COALESCE_US_MAX) {
             return Err(format!(
                 "coalesce_us = {us} is over {COALESCE_US_MAX}; use 0 to turn it off"
             ));
         }
         let limits = self.limits.to_limits();
         limits.validate().map_err(|e| format!("[limits]: {e}"))?;
+        let driver_limits = self.limits.to_driver_limits();
+        driver_limits
+            .validate(&limits)
+            .map_err(|e| format!("[limits]: {e}"))?;
 
         let mut principals = Vec::with_capacity(self.principals.len());
         // Digest -> id, to refuse two principals sharing one token (authentication would be
@@ -649,11 +722,52 @@ impl RawConfig {
             listen,
             allowed_origins: self.allowed_origins,
             keepalive_ms: self.keepalive_ms,
-            busy_poll_us: self.busy_poll_us,
-            coalesce_us: self.coalesce_us,
+            tuning,
             limits,
+            driver_limits,
             principals,
             trust_groups,
+        })
+    }
+}
+
+impl RawConfig {
+    /// The top-level keys that belong under `[tuning]` now, as written in this file.
+    fn misplaced_tuning_keys(&self) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        if self.busy_poll_us.is_some() {
+            keys.push("busy_poll_us");
+        }
+        if self.coalesce_us.is_some() {
+            keys.push("coalesce_us");
+        }
+        keys
+    }
+
+    /// `[tuning]`, with the values of top-level keys written for an older build moved in (and
+    /// a warning that names them); the same key in both places is refused.
+    fn tuning(&self) -> Result<Tuning, String> {
+        let both = |key: &str| {
+            format!(
+                "{key} is set both at the top level and under [tuning]; keep the one under                  [tuning]"
+            )
+        };
+        if self.busy_poll_us.is_some() && self.tuning.busy_poll_us.is_some() {
+            return Err(both("busy_poll_us"));
+        }
+        if self.coalesce_us.is_some() && self.tuning.coalesce_us.is_some() {
+            return Err(both("coalesce_us"));
+        }
+        let misplaced = self.misplaced_tuning_keys();
+        if !misplaced.is_empty() {
+            tracing::warn!(
+                keys = ?misplaced,
+                "axhost.toml: these keys belong under [tuning] now; read from the top level                  for this start (`axhost token add` or `revoke` rewrites the file with them                  moved)"
+            );
+        }
+        Ok(Tuning {
+            busy_poll_us: self.tuning.busy_poll_us.or(self.busy_poll_us),
+            coalesce_us: self.tuning.coalesce_us.or(self.coalesce_us),
         })
     }
 }
@@ -875,10 +989,12 @@ principals = ["alice", "bob"]
     #[test]
     fn every_limit_round_trips() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let limits = RawLimits::bumped();
+        let (limits, driver_limits) = RawLimits::bumped();
         assert_eq!(limits.validate(), Ok(()));
+        assert_eq!(driver_limits.validate(&limits), Ok(()));
         let c = HostFileConfig {
             limits,
+            driver_limits,
             ..HostFileConfig::default()
         };
         save(dir.path(), &c).expect("save");
@@ -918,12 +1034,19 @@ principals = ["alice", "bob"]
     fn busy_poll_defaults_to_50_us_is_bounded_and_round_trips() {
         let dir = tempfile::tempdir().expect("tempdir");
         assert_eq!(HostFileConfig::default().busy_poll(), BUSY_POLL_US_DEFAULT);
-        fs::write(dir.path().join(CONFIG_FILE), "busy_poll_us = 0\n").expect("write");
+        fs::write(dir.path().join(CONFIG_FILE), "[tuning]\nbusy_poll_us = 0\n").expect("write");
         let c = load(dir.path()).expect("load");
         assert_eq!(c.busy_poll(), 0, "0 turns it off");
         save(dir.path(), &c).expect("save");
-        assert_eq!(load(dir.path()).expect("reload").busy_poll_us, Some(0));
-        fs::write(dir.path().join(CONFIG_FILE), "busy_poll_us = 1001\n").expect("write");
+        assert_eq!(
+            load(dir.path()).expect("reload").tuning.busy_poll_us,
+            Some(0)
+        );
+        fs::write(
+            dir.path().join(CONFIG_FILE),
+            "[tuning]\nbusy_poll_us = 1001\n",
+        )
+        .expect("write");
         let e = load(dir.path()).expect_err("over the bound").to_string();
         assert!(e.contains("busy_poll_us = 1001"), "{e}");
     }
@@ -932,14 +1055,75 @@ principals = ["alice", "bob"]
     fn coalesce_defaults_to_20_us_is_bounded_and_round_trips() {
         let dir = tempfile::tempdir().expect("tempdir");
         assert_eq!(HostFileConfig::default().coalesce(), COALESCE_US_DEFAULT);
-        fs::write(dir.path().join(CONFIG_FILE), "coalesce_us = 0\n").expect("write");
+        fs::write(dir.path().join(CONFIG_FILE), "[tuning]\ncoalesce_us = 0\n").expect("write");
         let c = load(dir.path()).expect("load");
         assert_eq!(c.coalesce(), 0, "0 turns it off");
         save(dir.path(), &c).expect("save");
-        assert_eq!(load(dir.path()).expect("reload").coalesce_us, Some(0));
-        fs::write(dir.path().join(CONFIG_FILE), "coalesce_us = 201\n").expect("write");
+        assert_eq!(
+            load(dir.path()).expect("reload").tuning.coalesce_us,
+            Some(0)
+        );
+        fs::write(
+            dir.path().join(CONFIG_FILE),
+            "[tuning]\ncoalesce_us = 201\n",
+        )
+        .expect("write");
         let e = load(dir.path()).expect_err("over the bound").to_string();
         assert!(e.contains("coalesce_us = 201"), "{e}");
+    }
+
+    #[test]
+    fn tuning_keys_at_the_top_level_are_still_read_and_saved_under_tuning() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = "busy_poll_us = 0\ncoalesce_us = 30\n";
+        let raw: RawConfig = toml::from_str(old).expect("toml");
+        assert_eq!(raw.misplaced_tuning_keys(), ["busy_poll_us", "coalesce_us"]);
+        fs::write(dir.path().join(CONFIG_FILE), old).expect("write");
+        let c = load(dir.path()).expect("an older build's file still loads");
+        assert_eq!((c.busy_poll(), c.coalesce()), (0, 30));
+        save(dir.path(), &c).expect("save");
+        let text = fs::read_to_string(config_path(dir.path())).expect("read");
+        let tuning = text.find("[tuning]").expect("saved under [tuning]");
+        assert!(
+            text.find("busy_poll_us").is_some_and(|at| at > tuning),
+            "{text}"
+        );
+        assert!(
+            text.find("coalesce_us").is_some_and(|at| at > tuning),
+            "{text}"
+        );
+        let raw: RawConfig = toml::from_str(&text).expect("toml");
+        assert!(raw.misplaced_tuning_keys().is_empty(), "{text}");
+        assert_eq!(load(dir.path()).expect("reload"), c);
+        // The old place is checked like the new one, and both at once is ambiguous.
+        let e = err_of("coalesce_us = 201\n");
+        assert!(e.contains("coalesce_us = 201"), "{e}");
+        let e = err_of("busy_poll_us = 10\n[tuning]\nbusy_poll_us = 20\n");
+        assert!(e.contains("both") && e.contains("busy_poll_us"), "{e}");
+        let e = err_of("[tuning]\nspin_us = 3\n");
+        assert!(e.contains("spin_us"), "{e}");
+    }
+
+    #[test]
+    fn driver_limits_live_in_limits_and_are_checked() {
+        let c = parse(
+            "[limits]\npre_auth_sockets_max = 8\npartial_message_bytes_total_max = 4194304\n",
+        )
+        .expect("valid");
+        assert_eq!(c.driver_limits.pre_auth_sockets_max, 8);
+        assert_eq!(c.driver_limits.partial_message_bytes_total_max, 4 << 20);
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(
+            parse("").expect("empty").driver_limits,
+            DriverLimits::default()
+        );
+        let e = err_of("[limits]\npre_auth_sockets_max = 0\n");
+        assert!(
+            e.contains("[limits]") && e.contains("pre_auth_sockets_max"),
+            "{e}"
+        );
+        let e = err_of("[limits]\npartial_message_bytes_total_max = 1000\n");
+        assert!(e.contains("partial_message_bytes_total_max"), "{e}");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!   TCP accept ─► HTTP head (bounded, timed) ─► /healthz: 200, close
 //!                                            ─► /axp or /: token, Origin, capacity ─► 101
 //!                                            ─► anything else: 4xx, close
-//!   WebSocket text message ─► Input::Message     Output::Send  ─► text frame into the Wire
+//!   WebSocket text message ─► Input::Message     Output::Send  ─► text frame into its buffer
 //!   bytes reach the socket ─► Input::Flushed     Output::Close ─► close frame, drain, shutdown
 //!   binary / oversized / broken frames ─► close 1003 / 1009 / 1002 and Input::Closed
 //!   EOF, reset, peer close ─► Input::Closed (once)
@@ -20,23 +20,30 @@
 //! never reused; only connections that become WebSockets are ever shown to the core. The driver
 //! logs ids, peers, statuses, close codes and byte counts, never payloads or tokens.
 
+mod buffered_socket;
 mod busy_poll;
 mod coalesce;
+mod driver_limits;
 pub mod http;
 mod read_rounds;
 pub mod websocket;
-mod wire;
 
 use std::collections::BTreeSet;
 use std::io::{self, Read};
 use std::net::{Shutdown, SocketAddr};
+use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::credentials::{token_from_request, Credentials};
 use crate::writer::{BatchStore, Outcome, Writer, WriterLimits};
-use axhost_core::{Change, ConnId, Host, Input, Now, Output, Store, U64Map};
+use axhost_core::{Change, ConnId, Host, Input, Now, Output, Role, Store, U64Map};
+use buffered_socket::BufferedSocket;
 use busy_poll::BusyPoll;
 use coalesce::Coalesce;
+pub use driver_limits::{
+    message_bytes_max_for_role, DriverLimits, DEFAULT_PARTIAL_MESSAGE_BYTES_TOTAL_MAX,
+    DEFAULT_PRE_AUTH_SOCKETS_MAX,
+};
 use http::{Head, Route, Status};
 use mio::net::TcpListener;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -44,8 +51,7 @@ use read_rounds::TurnLoad;
 pub use read_rounds::MESSAGES_PER_READ_MAX;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook_mio::v1_0::Signals;
-use websocket::{BufferPool, FrameReader, Step};
-use wire::Wire;
+use websocket::{BufferPool, FrameReader, PartialBudget, Step};
 
 /// How the driver serves.
 pub struct ServeOptions {
@@ -66,6 +72,9 @@ pub struct ServeOptions {
     /// batch, it spends a gap before each turn, starting at this and adapting to the peer
     /// between 65% and 200% of it, and reads one round per turn (`server/coalesce.rs`). 0 = off.
     pub coalesce_us: u64,
+    /// The driver's own bounds: unauthenticated sockets and partial messages
+    /// (`server/driver_limits.rs`).
+    pub driver_limits: DriverLimits,
 }
 
 /// Runs `host` on `opts.listen` until SIGINT or SIGTERM. Calls `on_ready` with the bound address
@@ -99,48 +108,49 @@ const EVENTS_PER_POLL_MAX: usize = 1024;
 /// Reads of discarded bytes per read round for a connection that is closing.
 const DISCARD_READS_PER_ROUND_MAX: usize = 16;
 
-/// The frame reader the driver gives a connection that upgraded under `limits`: frames and
-/// messages capped at `frame_bytes_max`, starting with the bytes that followed the HTTP head.
-/// Public so the `websocket` fuzz target reads frames exactly as the server does.
+/// A frame reader for a connection that upgraded under `limits`: frames and messages capped at
+/// `frame_bytes_max`, starting with the bytes that followed the HTTP head, with a partial-message
+/// budget of its own. Public for the `websocket` fuzz target, which reads frames as the server
+/// does; the server itself caps each connection lower, by role, and shares one budget
+/// ([`role_frame_reader`]).
 pub fn frame_reader(limits: &axhost_core::Limits, early: &[u8]) -> FrameReader {
     let max = usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX);
     FrameReader::new(max, early)
+}
+
+/// The frame reader the driver gives a connection of `role` that upgraded under `limits`:
+/// messages capped at [`message_bytes_max_for_role`], partial messages charged to `budget`.
+pub fn role_frame_reader(
+    limits: &axhost_core::Limits,
+    role: Role,
+    early: &[u8],
+    budget: Rc<PartialBudget>,
+) -> FrameReader {
+    FrameReader::sharing(message_bytes_max_for_role(limits, role), early, budget)
 }
 
 /// Connections whose input queue a coalescing turn looks at (`Driver::filled_share`): one per
 /// flat-out sender, and a few senders at most are what makes a host coalesce.
 const FILLED_SHARE_SAMPLES_MAX: usize = 8;
 
-/// Time a closing connection gets to drain its buffer and see the peer's EOF before it is dropped.
+/// Time a closing WebSocket gets to drain its buffer and see the peer's EOF before it is dropped.
 const CLOSING_LINGER_MS: u64 = 5_000;
 
 /// Time a shutdown gives the writer to commit what is queued before WebSockets are closed,
 /// and again, after the loop stops, for what the last turns queued.
 const SHUTDOWN_WRITER_MS: u64 = 5_000;
 
+/// The same for a socket answered over plain HTTP (an error status, or `/healthz`): its answer
+/// is a few hundred bytes, gone at once; the linger only spares the peer a reset while its
+/// request's last bytes are still read. Short, because such sockets cost the pre-authentication
+/// budget.
+const ANSWERED_LINGER_MS: u64 = 1_000;
+
 /// Time a shutdown gives WebSockets to receive their close frames before the driver returns.
 const SHUTDOWN_DRAIN_MS: u64 = 2_000;
 
 /// Pause before accepting again after an accept error such as running out of descriptors.
 const ACCEPT_RETRY_MS: u64 = 100;
-
-/// Sockets still reading their HTTP head or closing, on top of `connections_max` WebSockets.
-/// Past `connections_max + SOCKETS_PENDING_MAX` new sockets are dropped at accept.
-const SOCKETS_PENDING_MAX: usize = 1024;
-
-/// Sockets still waiting for their HTTP head. Past this, a new socket takes the place of the
-/// oldest one that has waited `HEAD_GRACE_MS`, so peers that connect and stay silent (a
-/// slowloris) cannot keep real clients out for a whole `handshake_timeout_ms`. Below
-/// `SOCKETS_PENDING_MAX`, so silent sockets alone never fill the socket table.
-const HEAD_SOCKETS_MAX: usize = 512;
-
-/// How long a socket may wait for its head before a newcomer may evict it. A real client sends
-/// its head right behind the TCP handshake; this leaves room for a lost segment or two.
-const HEAD_GRACE_MS: u64 = 1_000;
-
-/// Pause before accepting again while every waiting socket is still within its grace (the new
-/// ones wait in the listen backlog meanwhile).
-const HEAD_WAIT_RETRY_MS: u64 = 10;
 
 /// At most one warning per this interval about sockets dropped at accept; the rest are counted.
 const OVERLOAD_LOG_MS: u64 = 1_000;
@@ -160,28 +170,32 @@ type Deadline = (u64, u64);
 
 /// What one socket is doing.
 enum Phase {
-    /// Reading the HTTP request head into `head`, since `accepted_ms`, until `deadline_ms`.
+    /// Reading the HTTP request head into `head` until `deadline_ms`. `read`: the driver has
+    /// read the socket at least once and found no complete head, which makes it evictable while
+    /// no new bytes are announced (`Driver::evict_pre_auth`).
     Head {
-        wire: Wire,
+        socket: BufferedSocket,
         head: Vec<u8>,
-        accepted_ms: u64,
         deadline_ms: u64,
+        read: bool,
     },
     /// A WebSocket the core knows as `ConnId(id)`. `heard_ms`: when the peer last sent
     /// anything; `probe_ms`: its keepalive deadline in `deadlines`, if keepalive is on.
     Open {
-        wire: Wire,
+        socket: BufferedSocket,
         reader: Box<FrameReader>,
         heard_ms: u64,
         probe_ms: Option<u64>,
     },
     /// Draining its last bytes, then shutting down and waiting for the peer's EOF, until
-    /// `deadline_ms`. The core no longer knows it.
+    /// `deadline_ms`. The core no longer knows it. `answered`: it was answered over HTTP and
+    /// never was a WebSocket (it counts against the pre-authentication budget).
     Closing {
-        wire: Wire,
+        socket: BufferedSocket,
         deadline_ms: u64,
         shut: bool,
         peer_eof: bool,
+        answered: bool,
     },
     /// Only between two phases.
     Moving,
@@ -200,20 +214,20 @@ struct Slot {
 }
 
 impl Slot {
-    fn wire(&self) -> Option<&Wire> {
+    fn socket(&self) -> Option<&BufferedSocket> {
         match &self.phase {
-            Phase::Head { wire, .. } | Phase::Closing { wire, .. } | Phase::Open { wire, .. } => {
-                Some(wire)
-            }
+            Phase::Head { socket, .. }
+            | Phase::Closing { socket, .. }
+            | Phase::Open { socket, .. } => Some(socket),
             Phase::Moving => None,
         }
     }
 
-    fn wire_mut(&mut self) -> Option<&mut Wire> {
+    fn socket_mut(&mut self) -> Option<&mut BufferedSocket> {
         match &mut self.phase {
-            Phase::Head { wire, .. } | Phase::Closing { wire, .. } | Phase::Open { wire, .. } => {
-                Some(wire)
-            }
+            Phase::Head { socket, .. }
+            | Phase::Closing { socket, .. }
+            | Phase::Open { socket, .. } => Some(socket),
             Phase::Moving => None,
         }
     }
@@ -259,6 +273,15 @@ struct Driver<S: Store> {
     /// Ids of the `Head` slots. Ids grow with accept order, so the first is the oldest.
     /// Invariant: exactly the slots in the `Head` phase.
     heads: BTreeSet<u64>,
+    /// The `Closing` slots answered over HTTP (`answered`), as (linger deadline, id): the first
+    /// was answered first. With `heads`, the pre-authentication table: at most
+    /// `pre_auth_sockets_max` together.
+    answered: BTreeSet<Deadline>,
+    /// The other `Closing` slots, WebSockets that closed, likewise; at most `connections_max`.
+    closed_websockets: BTreeSet<Deadline>,
+    driver_limits: DriverLimits,
+    /// What every connection's partial messages hold, shared by their frame readers.
+    partial_budget: Rc<PartialBudget>,
     /// Sockets dropped at accept (or evicted to make room) since the last warning about it.
     overload_dropped: u64,
     /// When the next such warning may be logged.
@@ -325,6 +348,13 @@ impl<S: Store> Driver<S> {
             next_id: 1,
             deadlines: BTreeSet::new(),
             heads: BTreeSet::new(),
+            answered: BTreeSet::new(),
+            closed_websockets: BTreeSet::new(),
+            partial_budget: PartialBudget::new(
+                usize::try_from(opts.driver_limits.partial_message_bytes_total_max)
+                    .unwrap_or(usize::MAX),
+            ),
+            driver_limits: opts.driver_limits,
             overload_dropped: 0,
             overload_log_ms: 0,
             backlog: Vec::new(),
@@ -357,8 +387,9 @@ impl<S: Store> Driver<S> {
                         let id = t as u64;
                         if event.is_read_closed() || event.is_error() {
                             // This edge is the only report of the FIN: read through to it.
-                            if let Some(wire) = self.slots.get_mut(&id).and_then(Slot::wire_mut) {
-                                wire.mark_read_closed();
+                            if let Some(socket) = self.slots.get_mut(&id).and_then(Slot::socket_mut)
+                            {
+                                socket.mark_read_closed();
                             }
                         }
                         if event.is_readable() || event.is_read_closed() || event.is_error() {
@@ -452,7 +483,7 @@ impl<S: Store> Driver<S> {
             let deepest = self
                 .filled_share
                 .iter()
-                .filter_map(|id| self.slots.get(id)?.wire()?.queued_input())
+                .filter_map(|id| self.slots.get(id)?.socket()?.queued_input())
                 .max();
             self.coalesce.queue_observed(deepest);
         }
@@ -593,24 +624,25 @@ impl<S: Store> Driver<S> {
         false
     }
 
+    /// Accepts waiting sockets into the pre-authentication table (`server/driver_limits.rs`):
+    /// at `pre_auth_sockets_max`, each newcomer first evicts one (`evict_pre_auth`). WebSockets
+    /// are never evicted for a newcomer, so no flood of sockets without a token reaches them.
     fn accept(&mut self) {
         self.accept_retry_ms = None;
         if self.listener.is_none() {
             return;
         }
-        let sockets_max = self.host.limits().connections_max as usize + SOCKETS_PENDING_MAX;
+        let pre_auth_max = self.driver_limits.pre_auth_sockets_max as usize;
         loop {
             let now_ms = self.clock.now().mono.0;
-            let table_full = self.slots.len() >= sockets_max;
-            if table_full || self.heads.len() >= HEAD_SOCKETS_MAX {
-                let evicted = self.evict_oldest_head(now_ms);
-                if !evicted && !table_full {
-                    // Every socket waiting for its head is still young: most likely a burst of
-                    // real clients whose heads are on the way. New ones wait in the listen
-                    // backlog until this turn has read those heads.
-                    self.accept_retry_ms = Some(now_ms.saturating_add(HEAD_WAIT_RETRY_MS));
-                    return;
-                }
+            if self.heads.len() + self.answered.len() >= pre_auth_max
+                && !self.evict_pre_auth(now_ms)
+            {
+                // Every socket in the table is a head with bytes not read yet: most likely a
+                // burst of real clients, whose heads come right behind their handshakes. The
+                // next ones wait in the listen backlog until this turn has read those heads.
+                self.accept_retry_ms = Some(now_ms);
+                return;
             }
             let Some(listener) = self.listener.as_mut() else {
                 return;
@@ -634,13 +666,6 @@ impl<S: Store> Driver<S> {
                     return;
                 }
             };
-            if self.slots.len() >= sockets_max {
-                // Full of WebSockets and closing sockets, none of them evictable: refuse at once
-                // rather than leave the peer hanging in the backlog.
-                drop(tcp);
-                self.overloaded(now_ms, peer, "too many sockets; new ones dropped");
-                continue;
-            }
             if let Err(e) = tcp.set_nodelay(true) {
                 tracing::debug!(peer = %peer, error = %e, "TCP_NODELAY not set");
             }
@@ -658,10 +683,10 @@ impl<S: Store> Driver<S> {
             self.deadlines.insert((deadline_ms, id));
             self.heads.insert(id);
             let phase = Phase::Head {
-                wire: Wire::new(tcp),
+                socket: BufferedSocket::new(tcp),
                 head: Vec::new(),
-                accepted_ms: now_ms,
                 deadline_ms,
+                read: false,
             };
             self.slots.insert(
                 id,
@@ -679,36 +704,41 @@ impl<S: Store> Driver<S> {
         }
     }
 
-    /// Drops the socket that has waited longest for its HTTP head, if it has waited at least
-    /// `HEAD_GRACE_MS`, to make room for a new one. Returns whether one was dropped.
-    fn evict_oldest_head(&mut self, now_ms: u64) -> bool {
-        let Some(&oldest) = self.heads.first() else {
+    /// Makes room in the full pre-authentication table for a new socket: drops the oldest
+    /// socket answered over HTTP, else the oldest one still sending its head that the driver
+    /// has read at least once and that has no unread bytes announced since. A real client's head
+    /// comes right behind its handshake, so it is there by the first read or announced before
+    /// the next accept, and the socket leaves the table as soon as it is answered or upgraded.
+    /// Returns whether one was dropped.
+    fn evict_pre_auth(&mut self, now_ms: u64) -> bool {
+        let victim = match self.answered.first() {
+            Some(&(_, oldest)) => Some((
+                oldest,
+                "too many answered sockets without a WebSocket; oldest dropped",
+            )),
+            None => self
+                .heads
+                .iter()
+                .find(|id| {
+                    self.slots.get(id).is_some_and(|s| {
+                        !s.in_backlog && matches!(s.phase, Phase::Head { read: true, .. })
+                    })
+                })
+                .map(|&id| {
+                    (
+                        id,
+                        "too many sockets without a request head; oldest dropped",
+                    )
+                }),
+        };
+        let Some((victim, what)) = victim else {
             return false;
         };
-        let accepted_ms = match self.slots.get(&oldest).map(|s| &s.phase) {
-            Some(Phase::Head { accepted_ms, .. }) => *accepted_ms,
-            _ => {
-                // Not a head any more (cannot happen: `heads` follows the phases); forget it.
-                self.heads.remove(&oldest);
-                return true;
-            }
-        };
-        if now_ms.saturating_sub(accepted_ms) < HEAD_GRACE_MS {
-            return false;
-        }
-        let peer = self.slots.get(&oldest).map(|s| s.peer);
+        let peer = self.slots.get(&victim).map(|s| s.peer);
         let now = self.clock.now();
-        self.drop_slot(
-            oldest,
-            "evicted: no request head while sockets are short",
-            now,
-        );
+        self.drop_slot(victim, "evicted from the pre-authentication table", now);
         if let Some(peer) = peer {
-            self.overloaded(
-                now_ms,
-                peer,
-                "too many sockets without a request head; oldest dropped",
-            );
+            self.overloaded(now_ms, peer, what);
         }
         true
     }
@@ -725,6 +755,7 @@ impl<S: Store> Driver<S> {
             dropped = self.overload_dropped,
             sockets = self.slots.len(),
             waiting_for_head = self.heads.len(),
+            answered = self.answered.len(),
             "{what}"
         );
         self.overload_dropped = 0;
@@ -737,8 +768,8 @@ impl<S: Store> Driver<S> {
         let Some(slot) = self.slots.get_mut(&id) else {
             return 0;
         };
-        if let Some(wire) = slot.wire_mut() {
-            wire.start_read_round();
+        if let Some(socket) = slot.socket_mut() {
+            socket.start_read_round();
         }
         match slot.phase {
             Phase::Head { .. } => {
@@ -781,7 +812,7 @@ impl<S: Store> Driver<S> {
             return;
         };
         let Phase::Open {
-            wire,
+            socket,
             heard_ms,
             probe_ms,
             ..
@@ -799,7 +830,7 @@ impl<S: Store> Driver<S> {
             );
             return self.close(id, 1001, "no answer to pings", now);
         } else if silent >= interval {
-            wire.push_ping();
+            socket.push_ping();
             if !std::mem::replace(&mut slot.in_dirty, true) {
                 self.dirty.push(id);
             }
@@ -817,7 +848,10 @@ impl<S: Store> Driver<S> {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
-        let Phase::Head { wire, head, .. } = &mut slot.phase else {
+        let Phase::Head {
+            socket, head, read, ..
+        } = &mut slot.phase
+        else {
             return;
         };
         let mut chunk = [0u8; 4096];
@@ -825,7 +859,7 @@ impl<S: Store> Driver<S> {
             let room = http::HEAD_BYTES_MAX
                 .saturating_sub(head.len())
                 .min(chunk.len());
-            match wire.read(&mut chunk[..room.max(1)]) {
+            match socket.read(&mut chunk[..room.max(1)]) {
                 Ok(0) => break Err("closed before a request head"),
                 Ok(n) => {
                     head.extend_from_slice(&chunk[..n]);
@@ -834,7 +868,10 @@ impl<S: Store> Driver<S> {
                         decided => break Ok(decided),
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    *read = true;
+                    return;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(_) => break Err("read error before a request head"),
             }
@@ -869,7 +906,7 @@ impl<S: Store> Driver<S> {
             return;
         };
         let Phase::Head {
-            mut wire,
+            mut socket,
             head,
             deadline_ms,
             ..
@@ -879,16 +916,21 @@ impl<S: Store> Driver<S> {
         };
         self.deadlines.remove(&(deadline_ms, id));
         self.heads.remove(&id);
-        wire.push_raw(&http::switching_protocols(&key));
+        socket.push_raw(&http::switching_protocols(&key));
         // Bytes after the head were sent early (frames); the reader parses them first.
         let early = head.get(head_len..).unwrap_or_default();
-        let reader = Box::new(frame_reader(self.host.limits(), early));
+        let reader = Box::new(role_frame_reader(
+            self.host.limits(),
+            principal.role,
+            early,
+            self.partial_budget.clone(),
+        ));
         let probe_ms = self.keepalive_ms.map(|ms| now.mono.0.saturating_add(ms));
         if let Some(at) = probe_ms {
             self.deadlines.insert((at, id));
         }
         slot.phase = Phase::Open {
-            wire,
+            socket,
             reader,
             heard_ms: now.mono.0,
             probe_ms,
@@ -919,7 +961,7 @@ impl<S: Store> Driver<S> {
             return;
         };
         let Phase::Head {
-            mut wire,
+            mut socket,
             deadline_ms,
             ..
         } = std::mem::replace(&mut slot.phase, Phase::Moving)
@@ -928,28 +970,47 @@ impl<S: Store> Driver<S> {
         };
         self.deadlines.remove(&(deadline_ms, id));
         self.heads.remove(&id);
-        wire.push_raw(&http::response(status, body));
+        socket.push_raw(&http::response(status, body));
         if status == Status::Ok {
             tracing::debug!(conn = id, peer = %slot.peer, status = status.code(), "http");
         } else {
             tracing::info!(conn = id, peer = %slot.peer, status = status.code(), "http refused");
         }
-        self.linger(id, wire, now);
+        self.linger(id, socket, true, now);
     }
 
-    /// Puts `wire` into the closing phase of slot `id`: drain, shut down, wait for EOF.
-    fn linger(&mut self, id: u64, wire: Wire, now: Now) {
+    /// Puts `socket` into the closing phase of slot `id`: drain, shut down, wait for EOF.
+    /// `answered`: an HTTP answer, in the pre-authentication table; otherwise a WebSocket, and
+    /// past `connections_max` closing ones the oldest is dropped at once.
+    fn linger(&mut self, id: u64, socket: BufferedSocket, answered: bool, now: Now) {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
-        let deadline_ms = now.mono.0.saturating_add(CLOSING_LINGER_MS);
+        let linger_ms = if answered {
+            ANSWERED_LINGER_MS
+        } else {
+            CLOSING_LINGER_MS
+        };
+        let deadline_ms = now.mono.0.saturating_add(linger_ms);
         slot.phase = Phase::Closing {
-            wire,
+            socket,
             deadline_ms,
             shut: false,
             peer_eof: false,
+            answered,
         };
         self.deadlines.insert((deadline_ms, id));
+        if answered {
+            self.answered.insert((deadline_ms, id));
+        } else {
+            self.closed_websockets.insert((deadline_ms, id));
+            let closing_max = self.host.limits().connections_max as usize;
+            if self.closed_websockets.len() > closing_max {
+                if let Some(&(_, oldest)) = self.closed_websockets.first() {
+                    self.drop_slot(oldest, "closing linger cut: too many closing", now);
+                }
+            }
+        }
         self.mark_dirty(id);
         self.mark_readable(id);
     }
@@ -957,9 +1018,8 @@ impl<S: Store> Driver<S> {
     /// Reads up to a read round's worth of WebSocket messages (`MESSAGES_PER_READ_MAX`) and
     /// feeds the core, carrying out the core's decisions after each one; returns the steps taken
     /// (frames, pings and fragments included, so a flood of control frames earns no extra read
-    /// rounds). Doing that at once, rather than after the whole turn,
-    /// frees each forwarded frame right after it is copied into its `Wire`, while it is still in
-    /// cache, and keeps the allocator recycling one buffer instead of holding a turn's worth (a
+    /// rounds). Doing that at once, rather than after the whole turn, frees each forwarded frame
+    /// right after it is copied into its socket's buffer, while it is still in cache, and keeps the allocator recycling one buffer instead of holding a turn's worth (a
     /// batch of allocations and then a batch of frees took `malloc` off its fast path: 10% of
     /// the host at 64->64).
     fn read_messages(&mut self, id: u64) -> usize {
@@ -972,13 +1032,13 @@ impl<S: Store> Driver<S> {
             let Some(slot) = self.slots.get_mut(&id) else {
                 return steps;
             };
-            let Phase::Open { wire, reader, .. } = &mut slot.phase else {
+            let Phase::Open { socket, reader, .. } = &mut slot.phase else {
                 // The core closed it while handling the last message.
                 return steps;
             };
             steps += 1;
-            let step = reader.read_from(wire, &mut self.read_buffers);
-            wire.push_answer(&step);
+            let step = reader.read_from(socket, &mut self.read_buffers);
+            socket.push_answer(&step);
             match step {
                 Step::Text(text) => {
                     heard = true;
@@ -1054,7 +1114,7 @@ impl<S: Store> Driver<S> {
             return;
         };
         let Phase::Closing {
-            wire,
+            socket,
             shut,
             peer_eof,
             ..
@@ -1064,7 +1124,7 @@ impl<S: Store> Driver<S> {
         };
         let mut sink = [0u8; 4096];
         for _ in 0..DISCARD_READS_PER_ROUND_MAX {
-            match wire.read(&mut sink) {
+            match socket.read(&mut sink) {
                 Ok(0) => {
                     *peer_eof = true;
                     if *shut {
@@ -1089,8 +1149,8 @@ impl<S: Store> Driver<S> {
                     let Some(slot) = self.slots.get_mut(&conn.0) else {
                         continue;
                     };
-                    if let Phase::Open { wire, .. } = &mut slot.phase {
-                        wire.push_text(frame.as_bytes());
+                    if let Phase::Open { socket, .. } = &mut slot.phase {
+                        socket.push_text(frame.as_bytes());
                         if !std::mem::replace(&mut slot.in_dirty, true) {
                             self.dirty.push(conn.0);
                         }
@@ -1125,7 +1185,7 @@ impl<S: Store> Driver<S> {
     }
 
     /// Moves an open WebSocket to the closing phase, appending our close frame when `frame` is
-    /// set (a peer-initiated close already has our reply in the Wire), and reports
+    /// set (a peer-initiated close already has our reply in the buffer), and reports
     /// `Input::Closed`. Frames the core sent before the close stay ahead of it in the buffer.
     fn close_with(&mut self, id: u64, frame: Option<(u16, &'static str)>, now: Now) {
         let Some(slot) = self.slots.get_mut(&id) else {
@@ -1136,7 +1196,9 @@ impl<S: Store> Driver<S> {
             return;
         }
         let Phase::Open {
-            mut wire, probe_ms, ..
+            mut socket,
+            probe_ms,
+            ..
         } = std::mem::replace(&mut slot.phase, Phase::Moving)
         else {
             return;
@@ -1145,10 +1207,10 @@ impl<S: Store> Driver<S> {
             self.deadlines.remove(&(at, id));
         }
         if let Some((code, reason)) = frame {
-            wire.push_close(code, reason);
+            socket.push_close(code, reason);
         }
         self.host.handle(now, Input::Closed { conn: ConnId(id) });
-        self.linger(id, wire, now);
+        self.linger(id, socket, false, now);
     }
 
     /// Writes a connection's pending bytes and reports core frames that reached the socket.
@@ -1157,8 +1219,10 @@ impl<S: Store> Driver<S> {
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
-        let Some(wire) = slot.wire_mut() else { return };
-        let drained = match wire.send() {
+        let Some(socket) = slot.socket_mut() else {
+            return;
+        };
+        let drained = match socket.send() {
             Ok(drained) => drained,
             Err(e) => {
                 let why = if e.kind() == io::ErrorKind::BrokenPipe {
@@ -1169,8 +1233,8 @@ impl<S: Store> Driver<S> {
                 return self.drop_slot(id, why, now);
             }
         };
-        let flushed = wire.settle();
-        let own_pending = wire.own_pending_bytes();
+        let flushed = socket.settle();
+        let own_pending = socket.own_pending_bytes();
         if drained == slot.writable {
             let interest = if drained {
                 Interest::READABLE
@@ -1179,7 +1243,7 @@ impl<S: Store> Driver<S> {
             };
             let token = Token(id as usize);
             let registered = slot
-                .wire_mut()
+                .socket_mut()
                 .map(|w| self.poll.registry().reregister(&mut w.tcp, token, interest));
             if let Some(Err(e)) = registered {
                 tracing::warn!(conn = id, error = %e, "reregister failed");
@@ -1209,13 +1273,13 @@ impl<S: Store> Driver<S> {
                 }
             }
             Phase::Closing {
-                wire,
+                socket,
                 shut,
                 peer_eof,
                 ..
             } if drained && !*shut => {
                 *shut = true;
-                let _ = wire.tcp.shutdown(Shutdown::Write);
+                let _ = socket.tcp.shutdown(Shutdown::Write);
                 if *peer_eof {
                     self.drop_slot(id, "closed", now);
                 }
@@ -1252,8 +1316,17 @@ impl<S: Store> Driver<S> {
                 self.deadlines.remove(&(*deadline_ms, id));
                 self.heads.remove(&id);
             }
-            Phase::Closing { deadline_ms, .. } => {
+            Phase::Closing {
+                deadline_ms,
+                answered,
+                ..
+            } => {
                 self.deadlines.remove(&(*deadline_ms, id));
+                if *answered {
+                    self.answered.remove(&(*deadline_ms, id));
+                } else {
+                    self.closed_websockets.remove(&(*deadline_ms, id));
+                }
             }
             Phase::Open { probe_ms, .. } => {
                 if let Some(at) = probe_ms {
@@ -1263,8 +1336,8 @@ impl<S: Store> Driver<S> {
             }
             Phase::Moving => {}
         }
-        if let Some(wire) = slot.wire_mut() {
-            let _ = self.poll.registry().deregister(&mut wire.tcp);
+        if let Some(socket) = slot.socket_mut() {
+            let _ = self.poll.registry().deregister(&mut socket.tcp);
         }
         tracing::debug!(conn = id, peer = %slot.peer, why, "socket dropped");
     }

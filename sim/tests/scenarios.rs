@@ -385,12 +385,11 @@ fn runs_are_deterministic() {
     assert_ne!(a, axhost_sim::run(6));
 }
 
-/// CORE BUG (reported): once a client service is registered, the host reserves catalog
-/// numbers by committing a `serverSeq` mark 1024 above the current one; the next chat action's
-/// events are numbered *below* that stored mark. `MemStore::commit` asserts
-/// `event.seq > max(last event, stored serverSeq)` and panics ("event seq 2 not above 1024");
-/// the SQLite store's `check_order` has the same rule and refuses the commit, so in production
-/// every dispatch is rejected with -32603 until the host restarts. Run with `--ignored`.
+/// Found by the simulator (seed 0), fixed in 92abd31: registering a client service reserves
+/// catalog numbers by storing a `serverSeq` mark 1024 above the current one, and the next chat
+/// action's events, numbered below that mark, were refused by both stores (every dispatch got
+/// -32603 until a restart). Events now only have to climb above the newest stored event
+/// (`MemStore::commit`, the SQLite store's `check_order`); the mark may sit above them.
 #[test]
 fn a_chat_action_after_a_service_registration_commits() {
     let mut w = world(1, |_| {});
@@ -408,12 +407,11 @@ fn a_chat_action_after_a_service_registration_commits() {
     settle(&mut w);
 }
 
-/// CORE BUG (reported): a `reconnect` answer larger than `queue_bytes_hard` is refused by the
-/// slow-consumer rule even on an idle connection, so the client is closed on every reconnect
-/// and never recovers. Replay (up to `replay_events_max` events in one frame) and snapshots
-/// (unbounded state) can both exceed the limit; with the defaults, 4096 events of ~500 bytes
-/// exceed 2 MB. The swarm finds it too (seed 7336, once the store bug above is fixed). Run with
-/// `--ignored` to reproduce.
+/// Found by the simulator (seeds 7336 and 16233), fixed in 92abd31: a `reconnect` answer larger
+/// than `queue_bytes_hard` (a replay of up to `replay_events_max` events in one frame, or
+/// snapshots) was refused by the slow-consumer rule even on an idle connection, so the client
+/// was closed on every reconnect and never recovered. A reply is now refused only once its
+/// connection is already over the limit; unsolicited state still may not cross it.
 #[test]
 fn a_reconnect_reply_larger_than_the_queue_limit_still_recovers() {
     let mut w = world(2, |o| {
@@ -437,9 +435,10 @@ fn a_reconnect_reply_larger_than_the_queue_limit_still_recovers() {
     settle(&mut w);
 }
 
-/// CORE FINDING (reported): the wall-clock high-water mark is not persisted, so after a clock
-/// step back and a restart the host hands out turn start times older than ones it handed out
-/// before the restart. Run with `--ignored` to reproduce.
+/// Found by the simulator (seed 13), fixed in 92abd31: the wall-clock high-water mark lived only
+/// in memory, so after a clock step back and a restart the host handed out turn start times
+/// older than ones it handed out before. A restarted host now resumes the mark from the start
+/// times it stored.
 #[test]
 fn start_times_never_go_back_across_a_restart() {
     let mut w = world(1, |_| {});

@@ -12,13 +12,11 @@
 //! starts); then warmup, the measured window, and a drain that waits for messages in flight.
 
 mod engine;
-mod nats;
 mod payload;
-mod resp;
-mod setup;
 mod socket_stamp;
 mod timer;
-mod ws;
+
+use axhost_load::{nats, parse_duration, resp, setup, ws};
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
@@ -96,28 +94,6 @@ pub enum Pace {
     /// sender lag reports instead (at least the wait, more when the tool falls behind); the
     /// window counts what was written in it, so a backlog can put sent/s above the rate.
     Sleep,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let err =
-        || format!("duration {s:?}: expected e.g. 10s, 500ms, 100us, 2m or a number of seconds");
-    let (num, unit) = if let Some(n) = s.strip_suffix("us").or_else(|| s.strip_suffix("µs")) {
-        (n, 1e-6)
-    } else if let Some(n) = s.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (s, 1.0)
-    };
-    let v: f64 = num.parse().map_err(|_| err())?;
-    let secs = v * unit;
-    if !(0.0..=3600.0).contains(&secs) {
-        return Err(format!("duration {s:?}: must be between 0 and 1 hour"));
-    }
-    Ok(Duration::from_secs_f64(secs))
 }
 
 fn parse_sleep_min(s: &str) -> Result<Duration, String> {

@@ -95,6 +95,81 @@ fn short(text: &[u8]) -> String {
     s.chars().take(300).collect()
 }
 
+/// An upgraded, initialized axhost connection still in blocking setup: requests go one at a
+/// time, each waiting for its reply.
+pub struct Ahp {
+    c: Blocking,
+}
+
+impl Ahp {
+    /// Upgrades with the bearer `token` and sends `initialize` as `client_id` (request id 1,
+    /// no initial subscriptions).
+    pub fn connect(
+        addr: SocketAddr,
+        path: &str,
+        token: &str,
+        what: String,
+        client_id: &str,
+        rng: &mut ws::Rng,
+    ) -> Result<Ahp, String> {
+        let mut c = Blocking::connect(addr, what)?;
+        c.send(ws::upgrade_request(&addr.to_string(), path, token).as_bytes())?;
+        loop {
+            match ws::upgrade_response(&c.buf) {
+                Ok(Some(n)) => {
+                    c.buf.drain(..n);
+                    break;
+                }
+                Ok(None) => c.read_more()?,
+                Err(e) => return Err(format!("{}: {e}", c.what)),
+            }
+        }
+        let init = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"channel\":\"ahp-root://\",\
+             \"protocolVersions\":[\"0.9.0\"],\"clientId\":\"{client_id}\",\"initialSubscriptions\":[]}}}}"
+        );
+        ws_call(&mut c, rng, &init, 1)?;
+        Ok(Ahp { c })
+    }
+
+    /// Sends the request `text`, whose id is `id`, and returns the text of its successful
+    /// response; an error response is an error. Other frames in between are skipped.
+    pub fn call(&mut self, rng: &mut ws::Rng, text: &str, id: u32) -> Result<String, String> {
+        ws_call(&mut self.c, rng, text, id)
+    }
+
+    /// `client/registerService` (request id `id`) with `{"name": name}` as metadata; returns
+    /// the new service id.
+    pub fn register_service(
+        &mut self,
+        rng: &mut ws::Rng,
+        name: &str,
+        id: u32,
+    ) -> Result<String, String> {
+        let reg = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"client/registerService\",\"params\":{{\
+             \"channel\":\"x-client-services://\",\"metadata\":{{\"name\":\"{name}\"}}}}}}"
+        );
+        let reply = self.call(rng, &reg, id)?;
+        let key = "\"serviceId\":\"";
+        reply
+            .find(key)
+            .map(|at| &reply[at + key.len()..])
+            .and_then(|rest| rest.find('"').map(|end| rest[..end].to_owned()))
+            .ok_or_else(|| {
+                format!(
+                    "{}: registerService reply without serviceId: {reply}",
+                    self.c.what
+                )
+            })
+    }
+
+    /// Ends setup: the socket (read timeout cleared) and whatever was read past the last reply.
+    pub fn done(self, service_id: Option<String>) -> Result<Ready, String> {
+        self.c.done(service_id)
+    }
+}
+
 /// axhost: upgrade, `initialize`, and for a receiver `client/registerService`.
 pub fn axhost(
     addr: SocketAddr,
@@ -105,43 +180,12 @@ pub fn axhost(
     register: bool,
     rng: &mut ws::Rng,
 ) -> Result<Ready, String> {
-    let mut c = Blocking::connect(addr, what)?;
-    c.send(ws::upgrade_request(&addr.to_string(), path, token).as_bytes())?;
-    loop {
-        match ws::upgrade_response(&c.buf) {
-            Ok(Some(n)) => {
-                c.buf.drain(..n);
-                break;
-            }
-            Ok(None) => c.read_more()?,
-            Err(e) => return Err(format!("{}: {e}", c.what)),
-        }
-    }
-    let init = format!(
-        "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"channel\":\"ahp-root://\",\
-         \"protocolVersions\":[\"0.9.0\"],\"clientId\":\"{client_id}\",\"initialSubscriptions\":[]}}}}"
-    );
-    ws_call(&mut c, rng, &init, 1)?;
-    let mut service_id = None;
-    if register {
-        let reg = format!(
-            "{{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"client/registerService\",\"params\":{{\
-             \"channel\":\"x-client-services://\",\"metadata\":{{\"name\":\"{client_id}\"}}}}}}"
-        );
-        let reply = ws_call(&mut c, rng, &reg, 2)?;
-        let key = "\"serviceId\":\"";
-        let id = reply
-            .find(key)
-            .map(|at| &reply[at + key.len()..])
-            .and_then(|rest| rest.find('"').map(|end| rest[..end].to_owned()))
-            .ok_or_else(|| {
-                format!(
-                    "{}: registerService reply without serviceId: {reply}",
-                    c.what
-                )
-            })?;
-        service_id = Some(id);
-    }
+    let mut c = Ahp::connect(addr, path, token, what, client_id, rng)?;
+    let service_id = if register {
+        Some(c.register_service(rng, client_id, 2)?)
+    } else {
+        None
+    };
     c.done(service_id)
 }
 

@@ -19,12 +19,15 @@
 //! | binary | 1003 (the protocol is JSON text) |
 //! | text that is not UTF-8 (as soon as a fragment proves it), close reason not UTF-8 | 1007 |
 //! | a frame or message over the limit (decided from the header, before the payload arrives) | 1009 |
+//! | a message whose bytes held so far would take every reader's partial messages past their shared budget ([`PartialBudget`]) | 1013 |
 //!
 //! Header checks run in that order as soon as the whole header is buffered, so a frame that
 //! announces 2 GiB is refused before any of it is read, and the outcome never depends on how
 //! the bytes were split across reads.
 
+use std::cell::Cell;
 use std::io::{self, Read};
+use std::rc::Rc;
 
 /// A read buffer. Lent to a connection while it reads (see [`BufferPool`]); a larger frame grows
 /// the one it was lent (doubling as its bytes arrive) for as long as it takes to read.
@@ -61,6 +64,9 @@ const PROTOCOL: Violation = (1002, "WebSocket protocol error");
 const BINARY: Violation = (1003, "JSON text frames required");
 const NOT_UTF8: Violation = (1007, "Text frames must be UTF-8");
 const TOO_BIG: Violation = (1009, "Frame too large");
+/// The host is short of room for partial messages now; the client may send the message again
+/// later (1013, "try again later", in the IANA registry of close codes).
+const BUDGET_FULL: Violation = (1013, "Host holds too many partial messages");
 
 /// One step of reading a connection.
 #[derive(Debug)]
@@ -146,6 +152,61 @@ impl BufferPool {
     }
 }
 
+/// What partially received messages may hold across every reader of one driver, in bytes.
+///
+/// Each reader is charged what it holds for a message that has not arrived whole: the fragments
+/// assembled so far, and its read buffer beyond [`READ_BUFFER_BYTES`] while a large frame comes
+/// in. A reader asks before it grows either; when the growth would take the total past the
+/// budget, its connection fails with 1013 and nothing is allocated. Shrinking and dropping a
+/// reader give the bytes back. Shared by `Rc`: the driver is one thread.
+#[derive(Debug)]
+pub struct PartialBudget {
+    held: Cell<usize>,
+    max: usize,
+}
+
+impl PartialBudget {
+    /// A budget of `max` bytes.
+    pub fn new(max: usize) -> Rc<PartialBudget> {
+        Rc::new(PartialBudget {
+            held: Cell::new(0),
+            max,
+        })
+    }
+
+    /// A budget that never refuses (the fuzz target and tests that look at one reader).
+    pub fn unlimited() -> Rc<PartialBudget> {
+        PartialBudget::new(usize::MAX)
+    }
+
+    /// Bytes charged to readers now.
+    pub fn held(&self) -> usize {
+        self.held.get()
+    }
+
+    /// Charges `bytes` if they fit under the budget.
+    fn try_charge(&self, bytes: usize) -> bool {
+        match self.held.get().checked_add(bytes) {
+            Some(total) if total <= self.max => {
+                self.held.set(total);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Moves a reader's charge from `from` to `to` bytes without asking: for shrinking, and for
+    /// growth already granted by `try_charge` that the allocator rounded up.
+    fn recharge(&self, from: usize, to: usize) {
+        let held = self.held.get();
+        debug_assert!(
+            held >= from,
+            "budget holds {held}, a reader gives back {from}"
+        );
+        self.held.set(held.saturating_sub(from).saturating_add(to));
+    }
+}
+
 /// Reads frames from one connection.
 #[derive(Debug)]
 pub struct FrameReader {
@@ -169,12 +230,32 @@ pub struct FrameReader {
     /// Unparsed bytes kept while the reader has no buffer (at most [`PARKED_BYTES_MAX`], or the
     /// bytes that followed the HTTP head).
     parked: Vec<u8>,
+    /// Shared with every reader of the driver; `charged` is this reader's part of it.
+    /// Invariant: `charged == self.held_partial()` between calls.
+    budget: Rc<PartialBudget>,
+    charged: usize,
+}
+
+impl Drop for FrameReader {
+    fn drop(&mut self) {
+        self.budget.recharge(self.charged, 0);
+    }
 }
 
 impl FrameReader {
     /// A reader for messages up to `max_message_bytes`, starting with bytes that followed the
-    /// HTTP head in the same read. It starts parked: it takes a buffer when it first reads.
+    /// HTTP head in the same read, with a budget of its own that never refuses. It starts
+    /// parked: it takes a buffer when it first reads.
     pub fn new(max_message_bytes: usize, early: &[u8]) -> FrameReader {
+        FrameReader::sharing(max_message_bytes, early, PartialBudget::unlimited())
+    }
+
+    /// As [`FrameReader::new`], charging what its partial messages hold to `budget`.
+    pub fn sharing(
+        max_message_bytes: usize,
+        early: &[u8],
+        budget: Rc<PartialBudget>,
+    ) -> FrameReader {
         FrameReader {
             buf: Vec::new(),
             start: 0,
@@ -186,7 +267,32 @@ impl FrameReader {
             done: false,
             max: max_message_bytes,
             parked: early.to_vec(),
+            budget,
+            charged: 0,
         }
+    }
+
+    /// Bytes this reader holds for a message that has not arrived whole (what its budget is
+    /// charged): the assembly buffer, and the read buffer beyond its standard size.
+    fn held_partial(&self) -> usize {
+        self.message.capacity() + self.buf.len().saturating_sub(READ_BUFFER_BYTES)
+    }
+
+    /// Brings the charge in line with what the reader holds after it shrank (or after a granted
+    /// growth the allocator rounded up).
+    fn recharge(&mut self) {
+        let held = self.held_partial();
+        self.budget.recharge(self.charged, held);
+        self.charged = held;
+    }
+
+    /// Charges `bytes` of growth before it is allocated; false when the budget has no room.
+    fn grant(&mut self, bytes: usize) -> bool {
+        let granted = self.budget.try_charge(bytes);
+        if granted {
+            self.charged += bytes;
+        }
+        granted
     }
 
     /// Bytes read but not yet parsed.
@@ -213,6 +319,7 @@ impl FrameReader {
     /// end of a connection's read round; a reader with more left, or in the middle of a
     /// frame that grew its buffer, keeps it.
     pub fn park(&mut self, pool: &mut BufferPool) {
+        debug_assert_eq!(self.charged, self.held_partial(), "partial-message charge");
         let left = self.end - self.start;
         if self.buf.is_empty() || left > PARKED_BYTES_MAX {
             return;
@@ -223,6 +330,7 @@ impl FrameReader {
         self.start = 0;
         self.end = 0;
         pool.give(std::mem::take(&mut self.buf));
+        self.recharge();
     }
 
     /// Installs `buf` (zeroed or reused, at least [`READ_BUFFER_BYTES`]) with the parked bytes
@@ -241,6 +349,8 @@ impl FrameReader {
         self.buf = buf;
         self.start = 0;
         self.end = n;
+        // Early bytes past the standard size (a head of at most 16 KiB): bounded, not asked for.
+        self.recharge();
     }
 
     /// The next message or control frame, reading from `src` when the buffer holds no complete
@@ -264,9 +374,13 @@ impl FrameReader {
             match self.fill(src) {
                 Ok(0) => return Step::Eof,
                 Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Drained,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Step::Error(e),
+                Err(Fill::Budget) => {
+                    self.done = true;
+                    return Step::Fail(BUDGET_FULL);
+                }
+                Err(Fill::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => return Step::Drained,
+                Err(Fill::Io(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(Fill::Io(e)) => return Step::Error(e),
             }
         };
         match parsed {
@@ -300,10 +414,10 @@ impl FrameReader {
     /// Parses the next buffered frame, if it is complete.
     fn parse(&mut self) -> Parsed {
         if std::mem::take(&mut self.delivered) {
-            self.message.clear();
-            if self.message.capacity() > READ_BUFFER_BYTES {
-                self.message.shrink_to(READ_BUFFER_BYTES);
-            }
+            // Freed, not kept for the next one: fragmented messages are rare, and a kept buffer
+            // would stay charged to the shared budget while the connection idles.
+            self.message = Vec::new();
+            self.recharge();
         }
         if self.done {
             // After a close or a violation the driver reads nothing more; say so plainly.
@@ -412,6 +526,24 @@ impl FrameReader {
 
     /// A data frame that is part of a fragmented message (a first fragment or a continuation).
     fn fragment(&mut self, fin: bool, from: usize, to: usize) -> Parsed {
+        let need = self.message.len() + (to - from);
+        let capacity = self.message.capacity();
+        if need > capacity {
+            // Doubling, as `Vec` would, but asked of the budget first and never past the
+            // largest message (the header check bounded `need` by it). When the doubled size
+            // does not fit, the exact one may: only bytes that arrived can fail a message.
+            let doubled = need.max(capacity.saturating_mul(2).min(self.max));
+            let grown = if self.grant(doubled - capacity) {
+                doubled
+            } else if self.grant(need - capacity) {
+                need
+            } else {
+                self.done = true;
+                return Parsed::Fail(BUDGET_FULL);
+            };
+            self.message.reserve_exact(grown - self.message.len());
+            self.recharge();
+        }
         self.message.extend_from_slice(&self.buf[from..to]);
         let mut state = self.fragmented.unwrap_or(Fragmented { checked: 0 });
         // Fail as soon as the bytes so far can never become UTF-8 (a character cut at the end
@@ -434,7 +566,7 @@ impl FrameReader {
     }
 
     /// Reads once from `src` into the buffer, making room for the frame being parsed.
-    fn fill(&mut self, src: &mut impl Read) -> io::Result<usize> {
+    fn fill(&mut self, src: &mut impl Read) -> Result<usize, Fill> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -442,6 +574,7 @@ impl FrameReader {
                 // A large frame is over; give its space back.
                 self.buf.truncate(READ_BUFFER_BYTES);
                 self.buf.shrink_to_fit();
+                self.recharge();
             }
         }
         let want = self.want.max(self.end - self.start + 1);
@@ -459,12 +592,25 @@ impl FrameReader {
             // follows the bytes that arrived, not the length a header announced: a peer that
             // announces 16 MiB and stalls holds twice what it sent.
             let grown = self.buf.len().saturating_mul(2).min(want).max(self.end + 1);
+            let charged_now = self.buf.len().saturating_sub(READ_BUFFER_BYTES);
+            let charged_then = grown.saturating_sub(READ_BUFFER_BYTES);
+            if !self.grant(charged_then - charged_now) {
+                return Err(Fill::Budget);
+            }
             self.buf.resize(grown, 0);
         }
-        let n = src.read(&mut self.buf[self.end..])?;
+        let n = src.read(&mut self.buf[self.end..]).map_err(Fill::Io)?;
         self.end += n;
         Ok(n)
     }
+}
+
+/// Why a read into the buffer did not happen.
+enum Fill {
+    /// The frame needs a larger buffer and the shared budget has no room for it.
+    Budget,
+    /// The socket's error (`WouldBlock` included).
+    Io(io::Error),
 }
 
 /// Encodes one unfragmented, unmasked frame (servers never mask, section 5.1), with the
@@ -898,6 +1044,77 @@ mod tests {
         b.park(&mut pool);
         assert!(!b.holds_buffer());
         assert_eq!(pool.free_buffers(), free);
+    }
+
+    #[test]
+    fn fragments_are_charged_to_the_shared_budget_and_the_one_that_crosses_it_fails() {
+        let mut pool = BufferPool::default();
+        let budget = PartialBudget::new(3000);
+        let mut a = FrameReader::sharing(4000, &[], budget.clone());
+        let mut b = FrameReader::sharing(4000, &[], budget.clone());
+        let mut a_src = waiting(frame(false, OPCODE_TEXT, &[b'a'; 1000]));
+        a_src
+            .data
+            .extend(frame(false, OPCODE_CONTINUATION, &[b'a'; 1000]));
+        assert_eq!(describe(&a.read_from(&mut a_src, &mut pool)), "fragment");
+        assert_eq!(describe(&a.read_from(&mut a_src, &mut pool)), "fragment");
+        assert_eq!(budget.held(), 2000, "a holds its two fragments");
+        // b's first fragment would take the total to 3500: b fails, a is untouched.
+        let mut b_src = waiting(frame(false, OPCODE_TEXT, &[b'b'; 1500]));
+        assert_eq!(describe(&b.read_from(&mut b_src, &mut pool)), "fail 1013");
+        assert_eq!(budget.held(), 2000);
+        drop(b);
+        a_src.data.extend(frame(true, OPCODE_CONTINUATION, b"!"));
+        let text = describe(&a.read_from(&mut a_src, &mut pool));
+        assert_eq!(text, format!("text {}!", "a".repeat(2000)));
+        // Delivered: the next step frees the assembly buffer and its charge.
+        assert_eq!(describe(&a.read_from(&mut a_src, &mut pool)), "drained");
+        assert_eq!(budget.held(), 0);
+        a.park(&mut pool);
+        // Room again for what b was refused.
+        let mut c = FrameReader::sharing(4000, &[], budget.clone());
+        let mut c_src = waiting(frame(false, OPCODE_TEXT, &[b'c'; 1500]));
+        assert_eq!(describe(&c.read_from(&mut c_src, &mut pool)), "fragment");
+        assert_eq!(budget.held(), 1500);
+        drop(c);
+        assert_eq!(budget.held(), 0, "a dropped reader gives its charge back");
+    }
+
+    #[test]
+    fn a_large_frame_is_charged_while_it_arrives_and_released_after() {
+        let mut pool = BufferPool::default();
+        let max = 4 * READ_BUFFER_BYTES;
+        let budget = PartialBudget::new(2 * READ_BUFFER_BYTES);
+        let mut reader = FrameReader::sharing(max, &[], budget.clone());
+        let big = frame(true, OPCODE_TEXT, &vec![b'x'; 3 * READ_BUFFER_BYTES]);
+        // Half of it: the buffer doubles once, charged beyond its standard size.
+        let mut src = waiting(big[..READ_BUFFER_BYTES + 100].iter().copied());
+        assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "drained");
+        assert_eq!(budget.held(), READ_BUFFER_BYTES);
+        reader.park(&mut pool);
+        assert!(reader.holds_buffer(), "mid-frame, the grown buffer stays");
+        // The rest needs the buffer at 3x + header: past the budget of 2x, so it fails.
+        src.data
+            .extend(big[READ_BUFFER_BYTES + 100..].iter().copied());
+        assert_eq!(
+            describe(&reader.read_from(&mut src, &mut pool)),
+            "fail 1013"
+        );
+        drop(reader);
+        assert_eq!(budget.held(), 0);
+        // Under a budget that holds it, the same frame arrives, and its charge goes once the
+        // reader is parked.
+        let budget = PartialBudget::new(4 * READ_BUFFER_BYTES);
+        let mut reader = FrameReader::sharing(max, &[], budget.clone());
+        let mut src = waiting(big.iter().copied());
+        assert!(matches!(
+            reader.read_from(&mut src, &mut pool),
+            Step::Text(t) if t.len() == 3 * READ_BUFFER_BYTES
+        ));
+        assert!(budget.held() > 2 * READ_BUFFER_BYTES);
+        assert_eq!(describe(&reader.read_from(&mut src, &mut pool)), "drained");
+        reader.park(&mut pool);
+        assert_eq!(budget.held(), 0);
     }
 
     #[test]

@@ -1,8 +1,9 @@
-//! One connection's byte stream: the socket, an outbound buffer the driver drains into it, and
-//! the ledger that turns bytes that reached the socket into `Input::Flushed` counts.
+//! A connection's socket with its buffering: an outbound buffer the driver drains into it, the
+//! ledger that turns bytes that reached the socket into `Input::Flushed` counts, and a `Read`
+//! that skips the syscall a short read already answered.
 //!
-//! The frame reader (`super::websocket`) reads the peer's bytes through [`Wire`]'s `Read`.
-//! Everything the host sends goes through the outbound buffer, in stream order: the HTTP
+//! The frame reader (`super::websocket`) reads the peer's bytes through [`BufferedSocket`]'s
+//! `Read`. Everything the host sends goes through the outbound buffer, in stream order: the HTTP
 //! response, the text frames the core emits, keepalive pings, pongs and close frames (all
 //! encoded here). Because one buffer carries everything, the driver
 //! knows the exact stream offset at which each core frame ends, and reports a frame flushed once
@@ -24,9 +25,9 @@ use super::websocket::{encode_answer, encode_frame, Step, OPCODE_CLOSE, OPCODE_P
 /// A close reason must fit a control frame: 125 bytes minus the 2-byte code.
 const CLOSE_REASON_BYTES_MAX: usize = 123;
 
-/// The socket plus everything waiting to be written to it.
+/// A connection's socket plus everything waiting to be written to it.
 #[derive(Debug)]
-pub(crate) struct Wire {
+pub(crate) struct BufferedSocket {
     pub(crate) tcp: TcpStream,
     /// Outbound bytes; `out[head..]` is not yet written. Invariant: `head <= out.len()`.
     out: Vec<u8>,
@@ -48,9 +49,9 @@ pub(crate) struct Wire {
     read_closed: bool,
 }
 
-impl Wire {
-    pub(crate) fn new(tcp: TcpStream) -> Wire {
-        Wire {
+impl BufferedSocket {
+    pub(crate) fn new(tcp: TcpStream) -> BufferedSocket {
+        BufferedSocket {
             tcp,
             out: Vec::new(),
             head: 0,
@@ -70,7 +71,7 @@ impl Wire {
         use std::os::fd::AsRawFd;
         let mut queued: libc::c_int = 0;
         // SAFETY: FIONREAD stores one c_int through the pointer, which is valid and exclusive
-        // for the duration of the call; the descriptor is this Wire's open socket.
+        // for the duration of the call; the descriptor is this value's open socket.
         let rc = unsafe { libc::ioctl(self.tcp.as_raw_fd(), libc::FIONREAD, &mut queued) };
         if rc == 0 {
             usize::try_from(queued).ok()
@@ -111,7 +112,8 @@ impl Wire {
     }
 
     /// Unsent bytes the driver itself added (HTTP response, pings, pongs, close frames), as
-    /// opposed to core frames, whose bytes the core bounds. Exact after [`Wire::settle`].
+    /// opposed to core frames, whose bytes the core bounds. Exact after
+    /// [`BufferedSocket::settle`].
     pub(crate) fn own_pending_bytes(&self) -> u64 {
         // Only the first unsettled core frame can be partly written.
         let core_unsent = match self.ledger.front() {
@@ -203,7 +205,7 @@ impl Wire {
     }
 }
 
-impl Wire {
+impl BufferedSocket {
     /// Called before each read round of this connection (a loop turn has one or more,
     /// `read_rounds`): the next read goes to the socket.
     pub(crate) fn start_read_round(&mut self) {
@@ -228,7 +230,7 @@ impl Wire {
 /// (measured with the load tool).
 /// The one exception is a socket whose FIN was already reported (`mark_read_closed`): its
 /// EOF raises no new event, so it is read until the socket says so.
-impl Read for Wire {
+impl Read for BufferedSocket {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if std::mem::take(&mut self.drained) {
             return Err(io::ErrorKind::WouldBlock.into());
@@ -264,22 +266,22 @@ mod tests {
     }
 
     /// A connected pair on loopback: the server side as a mio stream, the client side blocking.
-    fn pair() -> (Wire, std::net::TcpStream) {
+    fn pair() -> (BufferedSocket, std::net::TcpStream) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let client =
             std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
         let (server, _) = listener.accept().expect("accept");
         server.set_nonblocking(true).expect("nonblocking");
-        (Wire::new(TcpStream::from_std(server)), client)
+        (BufferedSocket::new(TcpStream::from_std(server)), client)
     }
 
     /// Reads until bytes arrive (the socket is non-blocking).
-    fn read_some(wire: &mut Wire, buf: &mut [u8]) -> usize {
+    fn read_some(socket: &mut BufferedSocket, buf: &mut [u8]) -> usize {
         for _ in 0..1000 {
-            match wire.read(buf) {
+            match socket.read(buf) {
                 Ok(n) => return n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    wire.start_read_round();
+                    socket.start_read_round();
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
                 Err(e) => panic!("read: {e}"),
@@ -291,73 +293,73 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn queued_input_counts_what_arrived_and_was_not_read() {
-        let (mut wire, mut client) = pair();
-        assert_eq!(wire.queued_input(), Some(0));
+        let (mut socket, mut client) = pair();
+        assert_eq!(socket.queued_input(), Some(0));
         client.write_all(&[7u8; 3000]).expect("write");
         // Loopback delivers at once, but give the kernel a moment on a loaded machine.
         for _ in 0..1000 {
-            if wire.queued_input() == Some(3000) {
+            if socket.queued_input() == Some(3000) {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        assert_eq!(wire.queued_input(), Some(3000));
+        assert_eq!(socket.queued_input(), Some(3000));
         let mut buf = [0u8; 1000];
-        wire.start_read_round();
-        assert_eq!(read_some(&mut wire, &mut buf), 1000);
-        assert_eq!(wire.queued_input(), Some(2000));
+        socket.start_read_round();
+        assert_eq!(read_some(&mut socket, &mut buf), 1000);
+        assert_eq!(socket.queued_input(), Some(2000));
     }
 
     #[test]
     fn a_short_read_ends_the_turn_and_a_new_turn_reads_again() {
-        let (mut wire, mut client) = pair();
+        let (mut socket, mut client) = pair();
         client.write_all(b"0123456789").expect("write");
         let mut buf = [0u8; 64];
-        wire.start_read_round();
-        assert_eq!(read_some(&mut wire, &mut buf), 10);
+        socket.start_read_round();
+        assert_eq!(read_some(&mut socket, &mut buf), 10);
         // The socket was emptied by that short read: no syscall needed to learn it.
-        let e = wire.read(&mut buf).expect_err("drained");
+        let e = socket.read(&mut buf).expect_err("drained");
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         // Bytes that arrive later start a new turn (a readiness event) and are read.
         client.write_all(b"abc").expect("write");
-        wire.start_read_round();
-        assert_eq!(read_some(&mut wire, &mut buf), 3);
+        socket.start_read_round();
+        assert_eq!(read_some(&mut socket, &mut buf), 3);
         assert_eq!(&buf[..3], b"abc");
         // A full read may have left more: the next read asks the socket.
         client.write_all(&[7u8; 100]).expect("write");
-        wire.start_read_round();
+        socket.start_read_round();
         let mut small = [0u8; 40];
-        let mut got = read_some(&mut wire, &mut small);
+        let mut got = read_some(&mut socket, &mut small);
         assert_eq!(got, 40);
         while got < 100 {
-            got += read_some(&mut wire, &mut small);
+            got += read_some(&mut socket, &mut small);
         }
         assert_eq!(got, 100);
     }
 
     #[test]
     fn after_the_fin_was_reported_a_short_read_does_not_hide_the_eof() {
-        let (mut wire, mut client) = pair();
+        let (mut socket, mut client) = pair();
         client.write_all(b"last frame").expect("write");
         client
             .shutdown(std::net::Shutdown::Write)
             .expect("shutdown");
         // Wait until both the bytes and the FIN are queued, as when one event reports both.
         std::thread::sleep(std::time::Duration::from_millis(50));
-        wire.start_read_round();
-        wire.mark_read_closed();
+        socket.start_read_round();
+        socket.mark_read_closed();
         let mut buf = [0u8; 64];
-        assert_eq!(read_some(&mut wire, &mut buf), 10);
-        assert_eq!(wire.read(&mut buf).expect("eof, not WouldBlock"), 0);
+        assert_eq!(read_some(&mut socket, &mut buf), 10);
+        assert_eq!(socket.read(&mut buf).expect("eof, not WouldBlock"), 0);
     }
 
     #[test]
     fn close_frames_carry_code_and_a_cut_reason() {
-        let (mut wire, mut client) = pair();
-        wire.push_close(1003, "JSON text frames required");
-        wire.push_close(1000, &"é".repeat(100));
-        assert!(wire.send().expect("send"));
-        assert_eq!(wire.settle(), 0, "close frames are not core frames");
+        let (mut socket, mut client) = pair();
+        socket.push_close(1003, "JSON text frames required");
+        socket.push_close(1000, &"é".repeat(100));
+        assert!(socket.send().expect("send"));
+        assert_eq!(socket.settle(), 0, "close frames are not core frames");
         let mut buf = vec![0u8; 2 + 2 + 25 + 2 + 2 + 122];
         client.read_exact(&mut buf).expect("read");
         assert_eq!(&buf[..4], &[0x88, 27, 0x03, 0xEB]);
@@ -371,17 +373,17 @@ mod tests {
 
     #[test]
     fn ledger_reports_each_frame_once_after_its_last_byte() {
-        let (mut wire, mut client) = pair();
-        wire.push_raw(b"HTTP/1.1 101 Switching Protocols\r\n\r\n");
-        wire.push_text(b"{\"a\":1}");
-        wire.push_answer(&Step::Ping(b""));
-        wire.push_text(b"{\"b\":2}");
-        assert_eq!(wire.settle(), 0, "nothing reached the socket yet");
-        let total = wire.pending_bytes();
-        assert!(wire.send().expect("send"));
-        assert_eq!(wire.pending_bytes(), 0);
-        assert_eq!(wire.settle(), 14);
-        assert_eq!(wire.settle(), 0, "never twice");
+        let (mut socket, mut client) = pair();
+        socket.push_raw(b"HTTP/1.1 101 Switching Protocols\r\n\r\n");
+        socket.push_text(b"{\"a\":1}");
+        socket.push_answer(&Step::Ping(b""));
+        socket.push_text(b"{\"b\":2}");
+        assert_eq!(socket.settle(), 0, "nothing reached the socket yet");
+        let total = socket.pending_bytes();
+        assert!(socket.send().expect("send"));
+        assert_eq!(socket.pending_bytes(), 0);
+        assert_eq!(socket.settle(), 14);
+        assert_eq!(socket.settle(), 0, "never twice");
         let mut buf = vec![0u8; total as usize];
         client.read_exact(&mut buf).expect("read");
         assert!(buf.ends_with(&[0x8A, 0, 0x81, 7, b'{', b'"', b'b', b'"', b':', b'2', b'}']));
@@ -389,24 +391,24 @@ mod tests {
 
     #[test]
     fn own_bytes_exclude_core_frames_even_when_one_is_half_written() {
-        let (mut wire, client) = pair();
-        wire.push_raw(b"HTTP/1.1 101 Switching Protocols\r\n\r\n");
-        let head = wire.pending_bytes();
+        let (mut socket, client) = pair();
+        socket.push_raw(b"HTTP/1.1 101 Switching Protocols\r\n\r\n");
+        let head = socket.pending_bytes();
         let payload = vec![b'x'; 1 << 20];
         for _ in 0..16 {
-            wire.push_text(&payload);
+            socket.push_text(&payload);
         }
-        wire.push_answer(&Step::Ping(b"p"));
+        socket.push_answer(&Step::Ping(b"p"));
         // 16 MiB of core frames and 3 bytes of pong ride behind the head.
-        assert_eq!(wire.own_pending_bytes(), head + 3);
+        assert_eq!(socket.own_pending_bytes(), head + 3);
         assert!(
-            !wire.send().expect("send"),
+            !socket.send().expect("send"),
             "16 MiB cannot fit in socket buffers"
         );
-        wire.settle();
-        assert!(wire.sent > head, "some of the first frame went out");
+        socket.settle();
+        assert!(socket.sent > head, "some of the first frame went out");
         assert_eq!(
-            wire.own_pending_bytes(),
+            socket.own_pending_bytes(),
             3,
             "the head went out, the pong did not"
         );
@@ -415,19 +417,19 @@ mod tests {
 
     #[test]
     fn a_blocked_socket_reports_only_whole_frames() {
-        let (mut wire, client) = pair();
+        let (mut socket, client) = pair();
         let payload = vec![b'x'; 1 << 20];
         let mut frames = 0u64;
         // Far more than loopback buffers hold while the client reads nothing.
         while frames < 64 {
-            wire.push_text(&payload);
+            socket.push_text(&payload);
             frames += 1;
         }
-        let drained = wire.send().expect("send");
+        let drained = socket.send().expect("send");
         assert!(!drained, "64 MiB cannot fit in socket buffers");
-        let reported = wire.settle();
+        let reported = socket.settle();
         assert_eq!(reported % (1 << 20), 0, "only whole frames are reported");
-        let written_frames = wire.sent / ((1 << 20) + 10);
+        let written_frames = socket.sent / ((1 << 20) + 10);
         assert_eq!(reported, written_frames * (1 << 20));
         assert!(reported < frames * (1 << 20));
         drop(client);
