@@ -115,6 +115,14 @@ impl ClientBindings {
         }
     }
 
+    /// Forgets a binding a failed change created, even if connections use it (they are
+    /// closed).
+    pub(crate) fn forget(&mut self, client_id: &str) {
+        if let Some(old) = self.by_id.remove(client_id) {
+            self.unindex(old.idle_key(), &old.record.owner);
+        }
+    }
+
     /// A connection became ready under `client_id`: the binding is now the most recently used
     /// of its owner's, and in use until `detach`.
     pub(crate) fn attach(&mut self, client_id: &str) {

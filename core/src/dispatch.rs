@@ -1,11 +1,11 @@
 //! `dispatchAction`: a maintainer drives a chat. Validation, the host's follow-up actions, one
-//! commit, then the echo to every subscriber. Rejections go back to the sender only.
+//! change through the write path, then the echo to every subscriber (held until durable).
+//! Rejections go back to the sender only.
 //!
-//! Every change follows one path: validate → reduce with the official reducers → `store.commit`
-//! → only on success assign `serverSeq`s and send. The session is taken out of the table and
-//! reduced in place (copying a long chat for every action would make each action O(chat)); if
-//! anything fails after the first reduction, the session is restored from the store, which holds
-//! exactly the last committed state. Failures are rare; the common path copies nothing.
+//! The session is taken out of the table and reduced in place (copying a long chat for every
+//! action would make each action O(chat)); if anything fails after the first reduction, the
+//! session is rebuilt from the store and the changes still in flight
+//! (`Host::rebuild_session`). Failures are rare; the common path copies nothing.
 
 use ahp::reducers::{apply_action_to_chat, apply_action_to_session, ReduceOutcome};
 use ahp_types::actions::{
@@ -14,24 +14,24 @@ use ahp_types::actions::{
 };
 use ahp_types::notifications::{PartialSessionSummary, SessionSummaryChangedParams};
 use ahp_types::state::{MessageKind, PendingMessageKind};
-use std::collections::{BTreeMap, VecDeque};
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 use crate::channel::{chat_uri, session_uri, ChannelRef, ROOT};
-use crate::connection::ConnId;
+use crate::connection::{ConnId, OnFail};
 use crate::error::{RpcError, STALE, TURN_IN_PROGRESS};
 use crate::host::{parse_params, Host};
 use crate::limits::ACTION_DEPTH_MAX;
+use crate::output::Frame;
 use crate::principal::Role;
-use crate::sequencer::Sequenced;
+use crate::receipts::fingerprint;
 use crate::session::{turn_cost, SessionEntry, Touched, Which, HOST_TURN_ID_SHAPE};
-use crate::store::{Change, ClientRecord, Event, Receipt, Store};
+use crate::store::{ClientRecord, Event, Receipt, Store};
 use crate::time::iso8601;
 use crate::wire;
+use crate::write::{Txn, Undo};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -152,87 +152,6 @@ impl Tx {
     }
 }
 
-/// Canonical JSON (object keys sorted at every depth), for fingerprints.
-pub(crate) fn canonical(v: &Value) -> String {
-    fn write(v: &Value, out: &mut String) {
-        match v {
-            Value::Object(m) => {
-                let mut keys: Vec<&String> = m.keys().collect();
-                keys.sort();
-                out.push('{');
-                for (i, k) in keys.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&Value::from(k.as_str()).to_string());
-                    out.push(':');
-                    write(&m[k.as_str()], out);
-                }
-                out.push('}');
-            }
-            Value::Array(a) => {
-                out.push('[');
-                for (i, x) in a.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    write(x, out);
-                }
-                out.push(']');
-            }
-            other => out.push_str(&other.to_string()),
-        }
-    }
-    let mut out = String::new();
-    write(v, &mut out);
-    out
-}
-
-/// How many dispatch receipts [`RecentDispatches`] keeps (about 200 bytes each).
-pub(crate) const RECENT_DISPATCHES_MAX: usize = 1024;
-
-/// The dispatch receipts this host committed lately, by (owner, key): each key's fingerprint
-/// as last committed. Bounded; the oldest key goes first. It only answers for keys it holds;
-/// the store is asked about the rest. A `BTreeMap`: the keys carry peer-chosen client ids, and
-/// the core takes no seeded hasher's randomness.
-#[derive(Default)]
-pub(crate) struct RecentDispatches {
-    fingerprints: BTreeMap<(String, String), String>,
-    order: VecDeque<(String, String)>,
-}
-
-impl RecentDispatches {
-    pub(crate) fn get(&self, owner: &str, key: &str) -> Option<&str> {
-        self.fingerprints
-            .get(&(owner.to_owned(), key.to_owned()))
-            .map(String::as_str)
-    }
-
-    pub(crate) fn insert(&mut self, owner: &str, key: String, fingerprint: String) {
-        let id = (owner.to_owned(), key);
-        if self.fingerprints.insert(id.clone(), fingerprint).is_none() {
-            self.order.push_back(id);
-        }
-        while self.order.len() > RECENT_DISPATCHES_MAX {
-            if let Some(old) = self.order.pop_front() {
-                self.fingerprints.remove(&old);
-            }
-        }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.fingerprints.len()
-    }
-}
-
-/// SHA-256 hex of the canonical form of `{method, params}`.
-pub(crate) fn fingerprint(method: &str, params: &Value) -> String {
-    let digest =
-        Sha256::digest(canonical(&json!({ "method": method, "params": params })).as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn elapsed_ms(started_at: &str, now_ms: u64) -> i64 {
     let started = started_at
         .parse::<jiff::Timestamp>()
@@ -279,8 +198,15 @@ impl<S: Store> Host<S> {
         } else {
             self.dispatch_checked(&principal.id, principal.role, &p, origin)
         };
-        if let Err(e) = result {
-            self.reject(conn, &p, &client_id, &e);
+        match result {
+            Err(e) => self.reject(conn, &p, &client_id, &e),
+            // Should the change fail, the sender hears the rejection echo in its place.
+            Ok(Some(number)) => {
+                let rejected = Rejected::new(&p, &client_id);
+                self.conns
+                    .hold_marker(conn, number, OnFail::Reject(Box::new(rejected)));
+            }
+            Ok(None) => {}
         }
     }
 
@@ -290,13 +216,21 @@ impl<S: Store> Host<S> {
         role: Role,
         p: &DispatchParams<'_>,
         origin: ActionOrigin,
-    ) -> Result<(), RpcError> {
+    ) -> Result<Option<u64>, RpcError> {
         // Refusals that need nothing from the store come before the receipt lookup, so a
         // client that may not dispatch costs no store read however often it tries. No answer
         // to a permitted client changes: a receipt is committed only for an action that passes
         // all three, on the chat of a session that stays open (sessions are never closed).
         if role != Role::Maintainer {
             return Err(RpcError::forbidden("Only maintainers can do this"));
+        }
+        // AHP numbers are JSON integers a signed 64-bit reader takes back (`origin.clientSeq`
+        // is one); a larger one could be neither echoed faithfully nor stored.
+        if i64::try_from(p.client_seq).is_err() {
+            return Err(RpcError::invalid_params(format!(
+                "clientSeq must be at most {}",
+                i64::MAX
+            )));
         }
         let id = match ChannelRef::parse(&p.channel) {
             ChannelRef::Chat(id) if self.sessions.get(id).is_some_and(|e| !e.meta.closed) => {
@@ -326,7 +260,7 @@ impl<S: Store> Host<S> {
         // its original within seconds (a client resending after a reconnect), and answering it
         // from memory means a failing store read cannot turn an applied action's retry into a
         // rejection, which would contradict the echo the client may already have.
-        let known = match self.recent_dispatches.get(owner, &key) {
+        let known = match self.receipts.get(owner, &key) {
             Some(f) => Some(f == fingerprint),
             None => match self.store.receipt(owner, &key) {
                 Err(_) => return Err(RpcError::commit_failed()),
@@ -339,7 +273,7 @@ impl<S: Store> Host<S> {
         // new action and its receipt replaces the old one. (The AXP host refuses it with
         // -32011, which breaks every official client after its first reconnect.)
         if known == Some(true) {
-            return Ok(());
+            return Ok(None);
         }
         let action: StateAction = serde_json::from_str(p.action.get())
             .map_err(|e| RpcError::invalid_params(format!("Invalid AHP action: {e}")))?;
@@ -373,9 +307,11 @@ impl<S: Store> Host<S> {
             fingerprint: fingerprint.clone(),
             result: "null".into(),
         };
-        self.commit_tx(tx, Some(receipt), vec![client])?;
-        self.recent_dispatches.insert(owner, key, fingerprint);
-        Ok(())
+        if let Err(e) = self.room() {
+            self.abort_tx(tx);
+            return Err(e);
+        }
+        Ok(Some(self.commit_tx(tx, vec![receipt], vec![client])))
     }
 
     /// Validates one maintainer chat action and emits it with the host's follow-ups.
@@ -554,14 +490,15 @@ impl<S: Store> Host<S> {
         tx.emit(Which::Chat, StateAction::ChatTurnStarted(started), None)
     }
 
-    /// Commits a transaction; on success applies it, sequences and sends its events, and tells
-    /// root subscribers about the session's new summary.
+    /// Issues a session transaction through the write path: applies it to memory at once,
+    /// broadcasts its events (held until durable) and tells root subscribers about the
+    /// session's new summary. Returns the change number.
     pub(crate) fn commit_tx(
         &mut self,
         mut tx: Tx,
-        receipt: Option<Receipt>,
+        receipts: Vec<Receipt>,
         clients: Vec<ClientRecord>,
-    ) -> Result<(), RpcError> {
+    ) -> u64 {
         let base = self.seq.current();
         assert_eq!(tx.base_seq, base, "transaction built on a stale serverSeq");
         let events: Vec<Event> = std::mem::take(&mut tx.events)
@@ -578,61 +515,60 @@ impl<S: Store> Host<S> {
         // events in between are replayed at load.
         let entry = &mut tx.entry;
         entry.bytes_since_checkpoint += events.iter().map(|e| e.envelope.len()).sum::<usize>();
-        let records = if entry.checkpoint_due() {
+        let mut records = if entry.checkpoint_due() {
             entry.checkpoint(last_seq)
         } else {
             Vec::new()
         };
-        let change = Change {
-            server_seq: self.seq.mark_after(last_seq),
-            records,
-            events,
-            receipt,
-            clients,
-            clients_released: Vec::new(),
-        };
-        if let Err(e) = self.commit(&change) {
-            self.abort_tx(tx);
-            return Err(e);
-        }
-        for c in change.clients {
+        let id = tx.entry.id.clone();
+        let mut undo = vec![Undo::Session {
+            id: id.clone(),
+            created: None,
+        }];
+        for c in clients {
+            records.push(c.write());
+            undo.push(Undo::Client(c.client_id.clone()));
             self.bindings.insert(c);
         }
-        let id = tx.entry.id.clone();
+        // Frames for the events, before the events move into the change.
+        let frames: Vec<(String, Frame)> = events
+            .iter()
+            .map(|e| {
+                (
+                    e.channel.clone(),
+                    wire::notification_frame("action", &e.envelope),
+                )
+            })
+            .collect();
         self.chat_bytes_total = self.chat_bytes_total_with(&tx);
         self.sessions.insert(id.clone(), tx.entry);
-        for event in change.events {
-            let frame = wire::notification_frame("action", &event.envelope);
-            let channel = event.channel;
-            self.seq.commit(Sequenced {
-                seq: event.seq,
-                channel: channel.as_str().into(),
-                envelope: event.envelope.into(),
-            });
-            self.broadcast(&channel, &frame);
+        let number = self.commit(Txn {
+            events,
+            receipts,
+            records,
+            reservation: None,
+            undo,
+        });
+        for (channel, frame) in &frames {
+            self.broadcast(channel, frame);
         }
         if tx.touched.session {
             self.summary_changed(&id, Some(tx.summary_before));
         }
-        Ok(())
+        number
     }
 
-    /// Puts a session back after a change that will not be committed. Untouched, it goes back
-    /// as it is; touched, it is rebuilt from the store, which holds the last committed state.
-    /// A store that can neither commit nor read leaves no trustworthy state to serve: that is
-    /// a crash, and a restart recovers from the store.
+    /// Puts a session back after a change that will not be issued. Untouched, it goes back
+    /// as it is; touched, it is rebuilt from the store and the changes in flight.
     pub(crate) fn abort_tx(&mut self, tx: Tx) {
         let id = tx.entry.id.clone();
         if !tx.mutated {
             self.sessions.insert(id, tx.entry);
             return;
         }
-        match SessionEntry::restore(&id, &mut self.store) {
-            Ok(entry) => {
-                self.sessions.insert(id, entry);
-            }
-            Err(e) => panic!("session {id} cannot be restored after a failed change: {e}"),
-        }
+        // The entry taken out is not in the table: rebuilding accounts from zero.
+        self.chat_bytes_total -= tx.chat_bytes_before;
+        self.rebuild_session(&id);
     }
 
     /// `root/sessionSummaryChanged` with the fields that changed, to root subscribers in scope.
@@ -673,41 +609,56 @@ impl<S: Store> Host<S> {
 
     /// Echoes a refused action to its sender only, at the current `serverSeq`, changing nothing.
     fn reject(&mut self, conn: ConnId, p: &DispatchParams<'_>, client_id: &str, e: &RpcError) {
+        let frame = Rejected::new(p, client_id).echo(self.seq.current(), e);
+        self.reply(conn, frame);
+    }
+}
+
+/// What a rejection echo needs, kept while a dispatch is in flight so its sender can be told
+/// if the change fails.
+#[derive(Clone, Debug)]
+pub(crate) struct Rejected {
+    channel: String,
+    /// The action as sent, or `null` when it nests too deeply to echo.
+    action: String,
+    client_id: String,
+    client_seq: u64,
+}
+
+impl Rejected {
+    fn new(p: &DispatchParams<'_>, client_id: &str) -> Rejected {
         // An action refused for its depth is echoed as `null`: echoed as sent it could make
         // the frame deeper than JSON readers accept.
         let action = if wire::json_depth(p.action.get()) <= ACTION_DEPTH_MAX {
-            serde_json::from_str::<Value>(p.action.get()).unwrap_or(Value::Null)
+            p.action.get().to_owned()
         } else {
-            Value::Null
+            "null".to_owned()
         };
+        Rejected {
+            channel: p.channel.clone(),
+            action,
+            client_id: client_id.to_owned(),
+            client_seq: p.client_seq,
+        }
+    }
+
+    /// The rejection echo at `server_seq`.
+    pub(crate) fn echo(&self, server_seq: u64, e: &RpcError) -> Frame {
+        let action = serde_json::from_str::<Value>(&self.action).unwrap_or(Value::Null);
         let params = json!({
-            "channel": p.channel,
+            "channel": self.channel,
             "action": action,
-            "serverSeq": self.seq.current(),
-            "origin": { "clientId": client_id, "clientSeq": p.client_seq },
+            "serverSeq": server_seq,
+            "origin": { "clientId": self.client_id, "clientSeq": self.client_seq },
             "rejectionReason": e.message,
         });
-        let frame = wire::notification_frame("action", &params.to_string());
-        self.reply(conn, frame);
+        wire::notification_frame("action", &params.to_string())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn canonical_json_sorts_keys_at_every_depth() {
-        let v = json!({"b": 1, "a": {"d": [1, {"f": 2, "e": 3}], "c": "x"}});
-        assert_eq!(
-            canonical(&v),
-            r#"{"a":{"c":"x","d":[1,{"e":3,"f":2}]},"b":1}"#
-        );
-        assert_eq!(
-            fingerprint("m", &json!({"x":1, "y":2})),
-            fingerprint("m", &json!({"y":2, "x":1}))
-        );
-    }
 
     #[test]
     fn elapsed_never_negative() {

@@ -12,8 +12,9 @@ use crate::error::{RpcError, UNSUPPORTED_PROTOCOL_VERSION};
 use crate::host::{parse_params, Host, AXP_METHODS, SUPPORTED_PROTOCOL_VERSIONS};
 use crate::principal::Principal;
 use crate::session::{AXP_CAPABILITY, AXP_VERSION};
-use crate::store::{Change, ClientRecord, Store};
+use crate::store::{ClientRecord, RecordWrite, Store, Table};
 use crate::time::Timer;
+use crate::write::{Txn, Undo};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -235,24 +236,31 @@ impl<S: Store> Host<S> {
                             "This principal's {quota} clientIds that never dispatched are all in use"
                         ))
                     })?;
+                self.room()?;
                 let record = ClientRecord {
                     client_id: client_id.to_owned(),
                     owner: principal.id.clone(),
                     last_client_seq: 0,
                     dispatched: false,
                 };
-                let change = Change {
-                    server_seq: self.seq.mark_after(self.seq.current()),
-                    clients: vec![record.clone()],
-                    clients_released: released,
-                    ..Change::default()
-                };
-                self.commit(&change)?;
-                for id in &change.clients_released {
+                let mut records = vec![record.write()];
+                let mut undo = vec![Undo::Client(client_id.to_owned())];
+                for id in &released {
                     self.bindings.release(id);
+                    records.push(RecordWrite {
+                        table: Table::Client,
+                        key: id.clone(),
+                        value: None,
+                    });
+                    undo.push(Undo::Client(id.clone()));
                 }
-                self.stats.client_ids_released += change.clients_released.len() as u64;
+                self.stats.client_ids_released += released.len() as u64;
                 self.bindings.insert(record);
+                self.commit(Txn {
+                    records,
+                    undo,
+                    ..Txn::default()
+                });
                 Ok(())
             }
         }
@@ -265,21 +273,6 @@ impl<S: Store> Host<S> {
             c.phase = Phase::Ready {
                 client_id: client_id.to_owned(),
             };
-        }
-    }
-
-    /// Commits a change or reports that nothing was applied.
-    pub(crate) fn commit(&mut self, change: &Change) -> Result<(), RpcError> {
-        match self.store.commit(change) {
-            Ok(()) => {
-                self.stats.commits += 1;
-                Ok(())
-            }
-            Err(e) => {
-                self.stats.commit_failures += 1;
-                tracing::warn!(error = %e, "commit failed; change not applied");
-                Err(RpcError::commit_failed())
-            }
         }
     }
 }

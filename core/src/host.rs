@@ -12,19 +12,22 @@ use serde_json::{json, Value};
 
 use crate::binding::ClientBindings;
 use crate::channel::{self, ChannelRef, ROOT};
-use crate::connection::{ConnId, Connection, Connections, Enqueued, FrameClass, Phase};
-use crate::dispatch::RecentDispatches;
+use crate::connection::{
+    ConnId, Connection, Connections, Enqueued, Fail, FrameClass, Order, Phase,
+};
 use crate::error::{RpcError, INVALID_REQUEST, LIMIT, METHOD_NOT_FOUND, PERMISSION_DENIED};
 use crate::limits::{Limits, LimitsError, REQUEST_ID_BYTES_MAX};
 use crate::output::{CloseCode, Frame, FramePool, Outbox, Output};
 use crate::principal::Principal;
+use crate::receipts::RecentReceipts;
 use crate::relay::Relay;
 use crate::sequencer::Sequencer;
 use crate::services::Services;
 use crate::session::{self, SessionEntry, Which};
-use crate::store::{ClientRecord, Store, StoreError};
+use crate::store::{ClientRecord, Store, StoreError, Table};
 use crate::time::{Instant, Now, Timer, Timers};
 use crate::wire::{self, Message};
+use crate::write::WritePath;
 
 /// Static configuration of a host.
 #[derive(Clone, Debug)]
@@ -104,6 +107,17 @@ pub enum Input<'a> {
         /// The connection.
         conn: ConnId,
     },
+    /// Every change numbered up to `through` (from `Output::Commit`) is durable.
+    Durable {
+        /// The last change number in the durable transaction.
+        through: u64,
+    },
+    /// The transaction starting with change `number` failed: nothing of it was written.
+    /// Every later change the core issued fails with it (the writer drops them).
+    CommitFailed {
+        /// The first change number in the failed transaction.
+        number: u64,
+    },
 }
 
 /// Counters for metrics and tests. They only ever grow.
@@ -115,9 +129,10 @@ pub struct Stats {
     pub frames_out: u64,
     /// Error responses sent.
     pub errors_out: u64,
-    /// Changes committed to the store.
+    /// Changes reported durable.
     pub commits: u64,
-    /// Commits the store refused (nothing was applied).
+    /// Changes that failed (refused by the store, or issued after one that was); each was
+    /// rolled back.
     pub commit_failures: u64,
     /// Connections closed for being over the outbound queue limit.
     pub slow_consumer_closes: u64,
@@ -158,8 +173,10 @@ pub struct Host<S: Store> {
     pub(crate) seq: Sequencer,
     pub(crate) sessions: BTreeMap<String, SessionEntry>,
     pub(crate) bindings: ClientBindings,
-    /// Dispatch receipts committed lately, so a retry is known without a store read.
-    pub(crate) recent_dispatches: RecentDispatches,
+    /// Receipts committed lately or in flight, so a retry is known without a store read.
+    pub(crate) receipts: RecentReceipts,
+    /// Change numbers, the durable mark and the changes in flight.
+    pub(crate) write: WritePath,
     pub(crate) root_state: Value,
     pub(crate) services: Services,
     pub(crate) relay: Relay,
@@ -179,7 +196,21 @@ impl<S: Store> Host<S> {
         let loaded = store
             .load(config.limits.replay_events_max)
             .map_err(HostError::Store)?;
-        let records: BTreeMap<String, String> = loaded.records.into_iter().collect();
+        let mut records: BTreeMap<String, String> = BTreeMap::new();
+        let mut clients = Vec::new();
+        for r in loaded.records {
+            match r.table {
+                Table::State => {
+                    records.insert(r.key, r.value);
+                }
+                Table::Client => {
+                    let record = ClientRecord::parse(&r.value)
+                        .filter(|c| c.client_id == r.key)
+                        .ok_or_else(|| HostError::CorruptRecord(format!("client:{}", r.key)))?;
+                    clients.push(record);
+                }
+            }
+        }
         let mut sessions = BTreeMap::new();
         for key in records.keys() {
             if let Some(id) = SessionEntry::id_of_meta_key(key) {
@@ -193,7 +224,7 @@ impl<S: Store> Host<S> {
             .max()
             .unwrap_or(0);
         let services = Services::new(&config.trust_groups);
-        let bindings = ClientBindings::load(loaded.clients);
+        let bindings = ClientBindings::load(clients);
         // A store over lowered chat limits loads whole; only new turns are refused.
         let chat_bytes_total = sessions.values().map(|e| e.chat_bytes).sum();
         Ok(Host {
@@ -210,7 +241,8 @@ impl<S: Store> Host<S> {
             timers: Timers::default(),
             sessions,
             bindings,
-            recent_dispatches: RecentDispatches::default(),
+            receipts: RecentReceipts::default(),
+            write: WritePath::default(),
             root_state: session::root_state(),
             services,
             relay: Relay::default(),
@@ -243,6 +275,8 @@ impl<S: Store> Host<S> {
                 }
                 self.forget(conn);
             }
+            Input::Durable { through } => self.on_durable(through),
+            Input::CommitFailed { number } => self.on_commit_failed(number),
         }
         self.reap();
     }
@@ -262,6 +296,10 @@ impl<S: Store> Host<S> {
                 self.forget(conn);
             }
         }
+    }
+
+    pub(crate) fn forget_conn(&mut self, conn: ConnId) {
+        self.forget(conn);
     }
 
     fn forget(&mut self, conn: ConnId) {
@@ -445,6 +483,23 @@ impl<S: Store> Host<S> {
         &self.store
     }
 
+    /// (B) The store, for a driver that commits `Output::Commit` changes on the host's own
+    /// store (`axhost_core::drive`, or a driver committing on its loop thread). The core
+    /// itself only reads it.
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
+    /// (A) The newest change number issued, and the newest reported durable.
+    pub fn commit_numbers(&self) -> (u64, u64) {
+        (self.write.issued(), self.write.durable())
+    }
+
+    /// (A) Changes issued and not yet reported durable or failed.
+    pub fn commits_in_flight(&self) -> usize {
+        self.write.in_flight()
+    }
+
     /// Stops the host and hands back its store (a restart builds a new host over it).
     pub fn into_store(self) -> S {
         self.store
@@ -532,8 +587,23 @@ impl<S: Store> Host<S> {
             .conns
             .get(conn)
             .is_some_and(|c| matches!(c.phase, Phase::Ready { .. }));
+        // How a reply that depended on a failed change is answered instead.
+        let on_fail = match method {
+            "initialize" | "reconnect" => Fail::Unready(id),
+            // Their outcome is in memory only (services) or answered by a rejection echo
+            // (`dispatchAction`): the reply itself stays true.
+            "dispatchAction"
+            | "client/registerService"
+            | "client/updateService"
+            | "client/unregisterService" => Fail::Send,
+            _ => Fail::Answer(id),
+        };
         let outcome = match method {
-            "ping" => Ok("null".to_owned()),
+            "ping" => {
+                // Depends on nothing: passes frames held for the connection.
+                let frame = wire::result_frame(id, "null");
+                return self.send_unordered(conn, frame, FrameClass::Reply);
+            }
             "initialize" => self.initialize(conn, params),
             "reconnect" => self.reconnect(conn, first, params),
             "clientService/request" if id.len() > REQUEST_ID_BYTES_MAX => {
@@ -553,7 +623,14 @@ impl<S: Store> Host<S> {
                 PERMISSION_DENIED,
                 "Initialize before using sessions",
             )),
-            "subscribe" => self.subscribe(conn, params),
+            "subscribe" => match self.subscribe(conn, params) {
+                Ok((result, channel)) => {
+                    let frame = wire::result_frame(id, &result);
+                    let order = self.write.order(Fail::Unsubscribe(id, &channel));
+                    return self.enqueue(conn, frame, FrameClass::Reply, order);
+                }
+                Err(e) => Err(e),
+            },
             "unsubscribe" => self.unsubscribe(conn, params).map(|()| "null".to_owned()),
             "createSession" => self.create_session(conn, params),
             "listSessions" => self.list_sessions(conn, params),
@@ -573,9 +650,10 @@ impl<S: Store> Host<S> {
             _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
         };
         match outcome {
-            Ok(result) => self.reply(conn, wire::result_frame(id, &result)),
+            Ok(result) => self.reply_with(conn, wire::result_frame(id, &result), on_fail),
             Err(e) => {
-                self.reply_error(conn, id, &e);
+                self.stats.errors_out += 1;
+                self.reply_with(conn, wire::error_frame(id, &e), on_fail);
                 if e.code == crate::error::UNSUPPORTED_PROTOCOL_VERSION {
                     self.conns.close(
                         &mut self.outbox,
@@ -615,27 +693,50 @@ impl<S: Store> Host<S> {
     /// Queues the answer to something `conn` asked for. A reply is refused (and the connection
     /// closed) only when the connection is already over its limit: one large snapshot or replay
     /// to a reader that keeps up must not cost it its connection on every attempt.
+    ///
+    /// It reveals the state as it is now, so it waits for every change issued so far to be
+    /// durable; if one fails the reply is sent anyway (it does not depend on that change's
+    /// outcome). Replies that do go through [`Host::reply_with`].
     pub(crate) fn reply(&mut self, conn: ConnId, frame: Frame) {
-        self.enqueue(conn, frame, FrameClass::Reply);
+        self.reply_with(conn, frame, Fail::Send);
+    }
+
+    /// A reply with its answer for the case that a change it depends on fails.
+    pub(crate) fn reply_with(&mut self, conn: ConnId, frame: Frame, on_fail: Fail<'_>) {
+        let order = self.write.order(on_fail);
+        self.enqueue(conn, frame, FrameClass::Reply, order);
     }
 
     /// Queues a state event or root notification `conn` did not ask for: refused when it
-    /// would take the connection over its limit.
+    /// would take the connection over its limit. Dropped if a change it depends on fails.
     pub(crate) fn push_state(&mut self, conn: ConnId, frame: Frame) {
-        self.enqueue(conn, frame, FrameClass::State);
+        let order = self.write.order(Fail::Drop);
+        self.enqueue(conn, frame, FrameClass::State, order);
     }
 
-    fn enqueue(&mut self, conn: ConnId, frame: Frame, class: FrameClass) {
+    /// Queues a frame that depends on no unflushed state (a ping reply, a relayed answer).
+    pub(crate) fn send_unordered(&mut self, conn: ConnId, frame: Frame, class: FrameClass) {
+        self.enqueue(conn, frame, class, Order::Unordered);
+    }
+
+    pub(crate) fn enqueue(
+        &mut self,
+        conn: ConnId,
+        frame: Frame,
+        class: FrameClass,
+        order: Order<'_>,
+    ) {
         let limits = &self.config.limits;
         if self
             .conns
-            .enqueue(&mut self.outbox, conn, frame, class, limits)
+            .enqueue(&mut self.outbox, conn, frame, class, limits, order)
             == Enqueued::Closing
         {
             self.stats.slow_consumer_closes += 1;
         }
     }
 
+    /// An error reply that reveals nothing (the request could not be read).
     pub(crate) fn reply_error(&mut self, conn: ConnId, id: &str, error: &RpcError) {
         self.stats.errors_out += 1;
         self.reply(conn, wire::error_frame(id, error));
@@ -703,7 +804,12 @@ impl<S: Store> Host<S> {
         Some(json!({ "resource": uri, "state": state, "fromSeq": self.seq.current() }))
     }
 
-    fn subscribe(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<String, RpcError> {
+    /// Returns the reply and the channel subscribed.
+    fn subscribe(
+        &mut self,
+        conn: ConnId,
+        params: Option<&RawValue>,
+    ) -> Result<(String, String), RpcError> {
         let p: ChannelParams = parse_params(params)?;
         let principal = self.principal(conn)?;
         self.allowed(&principal, &p.channel)?;
@@ -720,7 +826,7 @@ impl<S: Store> Host<S> {
             .snapshot(&principal, &p.channel)
             .ok_or_else(|| RpcError::not_found("Unknown channel"))?;
         self.conns.subscribe(conn, &p.channel);
-        Ok(json!({ "snapshot": snapshot }).to_string())
+        Ok((json!({ "snapshot": snapshot }).to_string(), p.channel))
     }
 
     fn unsubscribe(&mut self, conn: ConnId, params: Option<&RawValue>) -> Result<(), RpcError> {

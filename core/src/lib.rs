@@ -10,15 +10,34 @@
 //!   WebSocket text message         ──► handle(now, Input::Message)
 //!   bytes written to a socket      ──► handle(now, Input::Flushed)
 //!   socket gone                    ──► handle(now, Input::Closed)
+//!   change durable / failed        ──► handle(now, Input::Durable | Input::CommitFailed)
 //!   timer expired                  ──► handle_timeout(now)
 //!   write frame / close socket     ◄── poll_output() -> Output::{Send, Close}
+//!   make a change durable          ◄── poll_output() -> Output::Commit
 //!   sleep until                    ◄── poll_timeout()
 //! ```
 //!
 //! ## The run loop
 //! Feed inputs with [`Host::handle`] (several may precede one drain), call
 //! [`Host::handle_timeout`] when the deadline from [`Host::poll_timeout`] passes, and drain
-//! [`Host::poll_output`] to `None` before sleeping.
+//! [`Host::poll_output`] to `None` before sleeping. [`drive`] is that loop, shared by the
+//! tests, the simulator, the fuzz targets and the benches.
+//!
+//! ## The write path
+//! The core never writes to its store. Each durable change comes out as
+//! [`Output::Commit`]`(`[`Change`]`)`, already applied to memory (the next change is validated
+//! against it: pipelining). A writer must:
+//! 1. commit changes in `number` order; it may commit a run of consecutive changes in one
+//!    transaction, and reports [`Input::Durable`]` { through }` with the last number of it;
+//! 2. on a failed transaction write nothing of it, report [`Input::CommitFailed`]` { number }`
+//!    with its first number, and drop every later change whose `generation` is at most the
+//!    highest in the failed transaction (the core rolled them back); later generations are
+//!    committed normally.
+//!
+//! Every frame that reveals a change (its events, the sender's echo or reply, snapshots,
+//! replays, reads) is held until the change is durable; frames that depend on nothing unflushed
+//! (client-service notifications, relayed requests and answers, pings) pass at once.
+//! `ARCHITECTURE.md` ("One write path") gives the rules for failures.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -47,8 +66,8 @@
 //!
 //! ## Errors
 //! Bad input from a peer becomes a JSON-RPC error, a rejection echo, a documented drop or a
-//! documented close, never a panic. A store that refuses a commit leaves memory and clients
-//! untouched and the caller gets `-32603`. Broken internal invariants are bugs and panic with a
+//! documented close, never a panic. A commit that fails reveals nothing: memory returns to the
+//! last durable state and the caller gets `-32603` (or its rejection echo). Broken internal invariants are bugs and panic with a
 //! message naming ids and counters, never payloads.
 //!
 //! ## Limits
@@ -63,6 +82,7 @@ mod binding;
 mod channel;
 mod connection;
 mod dispatch;
+pub mod drive;
 pub mod error;
 mod handshake;
 mod hash;
@@ -70,6 +90,7 @@ mod host;
 mod limits;
 mod output;
 mod principal;
+mod receipts;
 pub mod relay;
 mod sequencer;
 mod services;
@@ -77,6 +98,7 @@ mod session;
 mod store;
 mod time;
 pub mod wire;
+mod write;
 
 pub use channel::{valid_id, valid_session_id, ChannelRef, CATALOG, ROOT};
 pub use connection::ConnId;
@@ -91,7 +113,8 @@ pub use principal::{session_id_from_scope_entry, Principal, Role, SessionScope};
 pub use services::{CAPABILITY as CLIENT_SERVICES_CAPABILITY, METHODS as CLIENT_SERVICES_METHODS};
 pub use session::{AXP_CAPABILITY, AXP_VERSION};
 pub use store::{
-    Change, ClientRecord, Event, Loaded, MemStore, Receipt, RecordWrite, Store, StoreError,
+    Change, ClientRecord, Event, Loaded, MemStore, Receipt, Record, RecordWrite, Store, StoreError,
+    Table,
 };
 pub use time::{iso8601, Instant, Now};
 #[cfg(test)]

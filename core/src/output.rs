@@ -5,6 +5,7 @@ use std::fmt;
 use std::rc::Rc;
 
 use crate::connection::ConnId;
+use crate::store::Change;
 
 /// One encoded WebSocket text message, shared: fan-out to N connections is N refcount bumps.
 ///
@@ -143,6 +144,9 @@ pub enum Output {
         /// Short, payload-free reason.
         reason: &'static str,
     },
+    /// Make `change` durable, in `number` order, then report `Input::Durable` (or
+    /// `Input::CommitFailed`). See the crate docs for the writer's rules.
+    Commit(Box<Change>),
 }
 
 /// The queue of decisions `poll_output` drains.

@@ -231,6 +231,7 @@ impl<S: Store> Host<S> {
             frame,
             FrameClass::Droppable,
             &self.config.limits,
+            crate::connection::Order::Unordered,
         ) {
             Enqueued::Queued => {
                 self.timers.arm(Timer::Relay(host_id), deadline);
@@ -376,7 +377,8 @@ impl<S: Store> Host<S> {
             }
         };
         self.stats.requests_completed += 1;
-        self.reply(p.caller, frame);
+        // A relayed answer depends on no unflushed state: it passes held frames.
+        self.send_unordered(p.caller, frame, FrameClass::Reply);
         if cancel_service {
             self.forward_cancel(p.owner, host_id);
         }
@@ -391,6 +393,7 @@ impl<S: Store> Host<S> {
             frame,
             FrameClass::Droppable,
             &self.config.limits,
+            crate::connection::Order::Unordered,
         );
     }
 

@@ -7,7 +7,15 @@
 //! high-water mark above every number ever handed out, and a restarted host resumes there.
 //! `serverSeq` therefore never goes backwards, at the price of gaps after a restart.
 //!
-//! The ring keeps the newest durable events. `floor` is the cursor below which the ring can no
+//! Numbers are handed out when a change is issued, before it is durable (pipelining). The
+//! sequencer therefore tracks two marks: `reserved`, the newest mark issued, and
+//! `durable_mark`, the newest one known durable, with the issued-but-not-durable marks in
+//! between and the changes that carry them. A catalog number above `durable_mark` depends on
+//! the change that reserved it. After a failed commit `reserved` returns to `durable_mark` and
+//! the ring loses the failed events; `seq` never goes back.
+//!
+//! The ring keeps the newest events, durable or in flight (replays that include in-flight
+//! events are held like every other frame that reveals them). `floor` is the cursor below which the ring can no
 //! longer answer: every durable event above it is in the ring. Ephemeral events are never
 //! replayed; a reconnect that asks for the catalog gets snapshots.
 
@@ -32,8 +40,15 @@ pub(crate) struct Sequenced {
 pub(crate) struct Sequencer {
     /// The last assigned `serverSeq` (0 before any event).
     seq: u64,
-    /// Durable high-water mark: no number above it was ever handed out.
+    /// The newest mark issued (durable or in flight): no number above it was ever handed out.
     reserved: u64,
+    /// The newest mark known durable.
+    durable_mark: u64,
+    /// The newest durable event's seq.
+    durable_event: u64,
+    /// Issued marks not yet durable, with the number of the change carrying each, oldest
+    /// first.
+    marks: VecDeque<(u64, u64)>,
     ring: VecDeque<Sequenced>,
     ring_max: usize,
     /// Replay can serve any cursor `>= floor`.
@@ -53,6 +68,9 @@ impl Sequencer {
         let mut s = Sequencer {
             seq,
             reserved: seq,
+            durable_mark: seq,
+            durable_event: tail.last().map_or(0, |e| e.seq),
+            marks: VecDeque::new(),
             ring: VecDeque::new(),
             ring_max,
             floor,
@@ -85,31 +103,82 @@ impl Sequencer {
         self.reserved.max(last_seq)
     }
 
-    /// Whether the next ephemeral number is already covered by a durable reservation.
+    /// Whether catalog numbers are running low: under half a block left in the marks issued.
+    /// Reserving then, ahead of need, means catalog events rarely wait for a commit.
+    pub(crate) fn wants_reservation(&self) -> bool {
+        self.reserved.saturating_sub(self.seq) <= RESERVE_BLOCK / 2
+    }
+
+    /// Whether the next ephemeral number is covered by an issued mark.
     pub(crate) fn ephemeral_reserved(&self) -> bool {
         self.seq < self.reserved
     }
 
-    /// The mark to commit before handing out more ephemeral numbers.
+    /// The mark to issue for the next reservation.
     pub(crate) fn next_reservation(&self) -> u64 {
-        self.seq + RESERVE_BLOCK
+        self.seq.max(self.reserved) + RESERVE_BLOCK
     }
 
-    /// Records that `mark` is now durable.
-    pub(crate) fn reserved_to(&mut self, mark: u64) {
-        assert!(mark >= self.reserved, "reservation went backwards");
+    /// Records that change `number` carries `mark` (its `server_seq`).
+    pub(crate) fn issued(&mut self, number: u64, mark: u64) {
+        assert!(mark >= self.reserved, "a mark went backwards");
         self.reserved = mark;
+        if mark > self.durable_mark {
+            self.marks.push_back((mark, number));
+        }
     }
 
-    /// Records a committed durable event. Numbers are strictly increasing.
-    pub(crate) fn commit(&mut self, event: Sequenced) {
+    /// Every change up to `through` is durable; `last_event` is the newest event among them.
+    pub(crate) fn durable_through(&mut self, through: u64, last_event: Option<u64>) {
+        while let Some(&(mark, number)) = self.marks.front() {
+            if number > through {
+                break;
+            }
+            self.durable_mark = self.durable_mark.max(mark);
+            self.marks.pop_front();
+        }
+        if let Some(e) = last_event {
+            self.durable_event = self.durable_event.max(e);
+        }
+    }
+
+    /// The change an ephemeral event numbered `seq` depends on: 0 when a durable mark covers
+    /// it, else the first in-flight change whose mark does.
+    pub(crate) fn ephemeral_dep(&self, seq: u64) -> u64 {
+        if seq <= self.durable_mark {
+            return 0;
+        }
+        self.marks
+            .iter()
+            .find(|(mark, _)| *mark >= seq)
+            .map_or(0, |&(_, number)| number)
+    }
+
+    /// Every change not yet durable failed: the issued marks go, and so do the ring's events
+    /// above the last durable one. `seq` stays where it is (gaps are allowed).
+    pub(crate) fn roll_back(&mut self) {
+        self.reserved = self.durable_mark;
+        self.marks.clear();
+        while self.ring.back().is_some_and(|e| e.seq > self.durable_event) {
+            self.ring.pop_back();
+        }
+    }
+
+    /// Whether numbers were handed out above every durable mark (after a failed commit): a
+    /// new mark must cover them before anything that shows them leaves the host.
+    pub(crate) fn uncovered(&self) -> bool {
+        self.seq > self.reserved
+    }
+
+    /// Records an issued durable event (in flight until its change is durable). Numbers are
+    /// strictly increasing.
+    pub(crate) fn append(&mut self, event: Sequenced) {
         assert!(
             event.seq > self.seq,
             "serverSeq {} not above {}",
             event.seq,
             self.seq
         );
-        self.reserved = self.reserved.max(event.seq);
         self.seq = event.seq;
         self.push(event);
     }
@@ -179,7 +248,7 @@ mod tests {
     fn replays_what_the_ring_covers_and_refuses_what_it_does_not() {
         let mut s = Sequencer::new(0, vec![], 3);
         for seq in 1..=5 {
-            s.commit(ev(seq, if seq % 2 == 0 { "a" } else { "b" }));
+            s.append(ev(seq, if seq % 2 == 0 { "a" } else { "b" }));
         }
         assert_eq!(s.current(), 5);
         let got = s.replay(2, |c| c == "a").expect("covered");
@@ -199,9 +268,12 @@ mod tests {
         let mut s = Sequencer::new(0, vec![], 8);
         assert!(!s.ephemeral_reserved());
         let mark = s.next_reservation();
-        s.reserved_to(mark);
+        s.issued(1, mark);
+        assert_eq!(s.ephemeral_dep(1), 1, "covered by change 1 only, in flight");
+        s.durable_through(1, None);
+        assert_eq!(s.ephemeral_dep(1), 0);
         assert_eq!(s.next_ephemeral(), 1);
-        s.commit(ev(2, "a"));
+        s.append(ev(2, "a"));
         assert_eq!(
             s.mark_after(2),
             mark,
@@ -222,6 +294,24 @@ mod tests {
     }
 
     #[test]
+    fn a_roll_back_forgets_in_flight_marks_and_events_but_never_the_count() {
+        let mut s = Sequencer::new(0, vec![], 8);
+        s.append(ev(1, "a"));
+        s.issued(1, 1);
+        s.durable_through(1, Some(1));
+        s.append(ev(2, "a"));
+        s.issued(2, 2);
+        let mark = s.next_reservation();
+        s.issued(3, mark);
+        assert_eq!(s.ephemeral_dep(3), 3);
+        s.roll_back();
+        assert_eq!(s.current(), 2, "serverSeq never goes back");
+        assert_eq!(s.replay(0, |_| true).map(|v| v.len()), Some(1));
+        assert!(s.uncovered(), "2 was handed out above the durable mark");
+        assert!(!s.ephemeral_reserved());
+    }
+
+    #[test]
     fn a_full_tail_sets_the_floor() {
         let tail = (5..=7)
             .map(|seq| Event {
@@ -239,7 +329,7 @@ mod tests {
     #[should_panic(expected = "not above")]
     fn going_backwards_is_a_bug() {
         let mut s = Sequencer::new(0, vec![], 3);
-        s.commit(ev(2, "a"));
-        s.commit(ev(2, "a"));
+        s.append(ev(2, "a"));
+        s.append(ev(2, "a"));
     }
 }

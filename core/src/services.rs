@@ -28,7 +28,7 @@ use crate::hash::IdMap;
 use crate::host::{parse_params, Host};
 use crate::limits::{REQUEST_ID_BYTES_MAX, SERVICES_MAX, SERVICE_METADATA_DEPTH_MAX};
 use crate::principal::Principal;
-use crate::store::{Change, Store};
+use crate::store::Store;
 use crate::wire;
 
 /// Wire names of the extension, advertised in `initialize`.
@@ -295,7 +295,7 @@ impl<S: Store> Host<S> {
         }
         let principal = self.principal(conn)?;
         let client_id = self.client_id(conn).unwrap_or_default();
-        self.reserve_ephemeral()?;
+        self.reserve_ahead()?;
         let id = self.new_service_id();
         let before = self.visibility_of(None);
         let service = Service {
@@ -325,7 +325,7 @@ impl<S: Store> Host<S> {
             Some(a) => Some(Self::check_audience(a)?),
             None => None,
         };
-        self.reserve_ephemeral()?;
+        self.reserve_ahead()?;
         let before = self.visibility_of(Some(&p.service_id));
         if let Some(s) = self.services.by_id.get_mut(p.service_id.as_ref()) {
             if let Some(m) = p.metadata {
@@ -347,7 +347,7 @@ impl<S: Store> Host<S> {
         let p: ServiceIdParams<'_> = parse_params(params)?;
         check_channel(&p.channel)?;
         self.owned_service(conn, &p.service_id)?;
-        self.reserve_ephemeral()?;
+        self.reserve_ahead()?;
         self.remove_service(&p.service_id);
         Ok("{}".into())
     }
@@ -374,7 +374,7 @@ impl<S: Store> Host<S> {
         let before = self.visibility_of(Some(id));
         self.services.remove(id);
         self.fail_service_requests(id);
-        if self.reserve_ephemeral().is_err() {
+        if self.reserve_ahead().is_err() {
             // Without a durable number we cannot send a sequenced removal; observers must
             // re-snapshot, which closing them forces.
             for conn in before.before.iter().filter(|(_, v)| **v).map(|(c, _)| *c) {
@@ -395,20 +395,6 @@ impl<S: Store> Host<S> {
         for id in self.services.ids_of(conn) {
             self.remove_service(&id);
         }
-    }
-
-    /// Makes sure the next catalog event has a durable `serverSeq` reservation.
-    fn reserve_ephemeral(&mut self) -> Result<(), RpcError> {
-        if self.seq.ephemeral_reserved() {
-            return Ok(());
-        }
-        let mark = self.seq.next_reservation();
-        self.commit(&Change {
-            server_seq: mark,
-            ..Change::default()
-        })?;
-        self.seq.reserved_to(mark);
-        Ok(())
     }
 
     /// For every catalog observer: can it see service `id` now?
@@ -446,6 +432,8 @@ impl<S: Store> Host<S> {
                 (true, false) => (2, "x-clientServices/serviceRemoved"),
             };
             let seq = *seq.get_or_insert_with(|| self.seq.next_ephemeral());
+            // Covered by a durable mark (0), or waiting for the change reserving it.
+            let dep = self.seq.ephemeral_dep(seq);
             if frames[slot].is_none() {
                 let action = match (slot, self.services.by_id.get(id)) {
                     (2, _) | (_, None) => json!({ "type": action, "serviceId": id }),
@@ -455,7 +443,10 @@ impl<S: Store> Host<S> {
                 frames[slot] = Some(wire::notification_frame("action", &envelope.to_string()));
             }
             if let Some(f) = &frames[slot] {
-                self.push_state(conn, f.clone());
+                let order = self
+                    .write
+                    .order_after(dep, crate::connection::Fail::CloseObserver);
+                self.enqueue(conn, f.clone(), FrameClass::State, order);
             }
         }
     }
@@ -481,6 +472,7 @@ impl<S: Store> Host<S> {
             frame,
             FrameClass::Droppable,
             &self.config.limits,
+            crate::connection::Order::Unordered,
         ) {
             Enqueued::Queued => self.stats.notifications_forwarded += 1,
             _ => self.stats.notifications_dropped += 1,

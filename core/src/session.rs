@@ -125,11 +125,12 @@ impl Touched {
     };
 }
 
-fn meta_key(id: &str) -> String {
-    format!("axhost-session:/{id}")
-}
-
 impl SessionEntry {
+    /// The key of a session's meta record.
+    pub(crate) fn meta_key(id: &str) -> String {
+        format!("axhost-session:/{id}")
+    }
+
     /// A new session as the AXP host creates it: ready, idle, one default chat, one changeset.
     pub(crate) fn create(id: &str, title: String, task: String, now_ms: u64) -> SessionEntry {
         let chat = chat_uri(id);
@@ -219,6 +220,7 @@ impl SessionEntry {
         let mut out = Vec::new();
         let mut put = |key: String, value: String| {
             out.push(RecordWrite {
+                table: crate::store::Table::State,
                 key,
                 value: Some(value),
             })
@@ -226,7 +228,7 @@ impl SessionEntry {
         // Serializing these typed states cannot fail: every map key is a string.
         if touched.meta {
             put(
-                meta_key(&self.id),
+                Self::meta_key(&self.id),
                 serde_json::to_string(&self.meta).unwrap_or_default(),
             );
         }
@@ -257,7 +259,7 @@ impl SessionEntry {
         get: impl Fn(&str) -> Option<String>,
     ) -> Option<SessionEntry> {
         let texts = [
-            get(&meta_key(id))?,
+            get(&Self::meta_key(id))?,
             get(&session_uri(id))?,
             get(&chat_uri(id))?,
             get(&changeset_uri(id))?,
@@ -325,14 +327,17 @@ impl SessionEntry {
     ) -> Result<SessionEntry, crate::host::HostError> {
         use crate::host::HostError;
         let keys = [
-            meta_key(id),
+            Self::meta_key(id),
             session_uri(id),
             chat_uri(id),
             changeset_uri(id),
         ];
         let mut records = std::collections::BTreeMap::new();
         for key in keys {
-            if let Some(v) = store.read_record(&key).map_err(HostError::Store)? {
+            let stored = store
+                .read_record(crate::store::Table::State, &key)
+                .map_err(HostError::Store)?;
+            if let Some(v) = stored {
                 records.insert(key, v);
             }
         }
@@ -346,7 +351,7 @@ impl SessionEntry {
         store: &mut S,
     ) -> Result<SessionEntry, crate::host::HostError> {
         use crate::host::HostError;
-        let corrupt = || HostError::CorruptRecord(meta_key(id));
+        let corrupt = || HostError::CorruptRecord(Self::meta_key(id));
         let mut entry =
             SessionEntry::from_records(id, |k| records.get(k).cloned()).ok_or_else(corrupt)?;
         let mut events = Vec::new();
@@ -511,8 +516,9 @@ mod commands {
     use crate::error::{RpcError, PROVIDER_NOT_FOUND, SESSION_ALREADY_EXISTS};
     use crate::host::{parse_params, Host};
     use crate::principal::Role;
-    use crate::store::{Change, Store};
+    use crate::store::Store;
     use crate::wire;
+    use crate::write::{Txn, Undo};
 
     /// Largest page `listSessions` returns.
     const LIST_PAGE_MAX: usize = 1000;
@@ -605,16 +611,19 @@ mod commands {
             if self.sessions.len() >= self.config.limits.sessions_max as usize {
                 return Err(RpcError::limit("Session limit reached"));
             }
+            self.room()?;
             let mut entry = SessionEntry::create(&id, title, task, self.now.wall_unix_ms);
             let records = entry.checkpoint(self.seq.current());
-            let change = Change {
-                server_seq: self.seq.mark_after(self.seq.current()),
-                records,
-                ..Change::default()
-            };
-            self.commit(&change)?;
             let summary = entry.summary();
-            self.sessions.insert(id.clone(), entry);
+            self.sessions.insert(id.clone(), entry.clone());
+            self.commit(Txn {
+                records,
+                undo: vec![Undo::Session {
+                    id: id.clone(),
+                    created: Some(Box::new(entry)),
+                }],
+                ..Txn::default()
+            });
             let added = SessionAddedParams {
                 channel: ROOT.into(),
                 summary,

@@ -30,7 +30,7 @@ use arbitrary::{Arbitrary, Unstructured};
 
 use axhost_core::{
     ConnId, Host, HostConfig, Input, Instant, Limits, MemStore, Now, Output, Principal, Role,
-    SessionScope, Store, CATALOG, ROOT,
+    SessionScope, CATALOG, ROOT,
 };
 use serde_json::{json, Value};
 
@@ -832,81 +832,96 @@ impl World {
     fn drain(&mut self, sync: Option<(usize, Option<String>)>) -> bool {
         let mut waiting = sync.and_then(|(at, id)| id.map(|id| (at, id)));
         let mut answered = false;
-        while let Some(output) = self.host.poll_output() {
-            match output {
-                Output::Send { conn, frame } => {
-                    self.sends_this_host += 1;
-                    self.trace
-                        .extend_from_slice(format!("send {} {}\n", conn.0, frame.len()).as_bytes());
-                    self.trace.extend_from_slice(frame.as_bytes());
-                    let at = self.index(conn);
-                    let c = &mut self.conns[at].1;
-                    assert!(c.live, "a frame for {conn:?}, which is closed");
-                    assert!(!c.closing, "a frame for {conn:?} after its Close");
-                    c.unflushed.push_back(frame.len() as u64);
-                    let bytes = frame.as_bytes();
-                    assert!(envelope::is_json(bytes), "a frame that is not JSON");
-                    if self.strict {
-                        assert!(
-                            envelope::is_strict_json(bytes),
-                            "a frame serde_json::Value cannot read, from strict input: {}",
-                            String::from_utf8_lossy(bytes)
+        // The shared drive loop carries out commits at once; flushes and closes are checked
+        // and reported here.
+        let mut drive = axhost_core::drive::Drive::immediate()
+            .flush_at_once(false)
+            .close_at_once(false);
+        loop {
+            let mut outputs = Vec::new();
+            drive.drain(&mut self.host, self.now, |o| outputs.push(o));
+            if outputs.is_empty() {
+                break;
+            }
+            for output in outputs {
+                match output {
+                    Output::Send { conn, frame } => {
+                        self.sends_this_host += 1;
+                        self.trace.extend_from_slice(
+                            format!("send {} {}\n", conn.0, frame.len()).as_bytes(),
                         );
-                    }
-                    match envelope::classify(bytes) {
-                        Parsed::Response { id, .. } => {
-                            let mine = waiting
-                                .as_ref()
-                                .is_some_and(|(w, wid)| *w == at && *wid == id);
-                            if mine {
-                                waiting = None;
-                                answered = true;
-                            } else {
-                                let n = c.pending.get_mut(&id).unwrap_or_else(|| {
-                                    panic!(
+                        self.trace.extend_from_slice(frame.as_bytes());
+                        let at = self.index(conn);
+                        let c = &mut self.conns[at].1;
+                        assert!(c.live, "a frame for {conn:?}, which is closed");
+                        assert!(!c.closing, "a frame for {conn:?} after its Close");
+                        c.unflushed.push_back(frame.len() as u64);
+                        let bytes = frame.as_bytes();
+                        assert!(envelope::is_json(bytes), "a frame that is not JSON");
+                        if self.strict {
+                            assert!(
+                                envelope::is_strict_json(bytes),
+                                "a frame serde_json::Value cannot read, from strict input: {}",
+                                String::from_utf8_lossy(bytes)
+                            );
+                        }
+                        match envelope::classify(bytes) {
+                            Parsed::Response { id, .. } => {
+                                let mine = waiting
+                                    .as_ref()
+                                    .is_some_and(|(w, wid)| *w == at && *wid == id);
+                                if mine {
+                                    waiting = None;
+                                    answered = true;
+                                } else {
+                                    let n = c.pending.get_mut(&id).unwrap_or_else(|| {
+                                        panic!(
                                         "a response with id {id} that {conn:?} is not waiting for"
                                     )
-                                });
-                                *n -= 1;
-                                if *n == 0 {
-                                    c.pending.remove(&id);
+                                    });
+                                    *n -= 1;
+                                    if *n == 0 {
+                                        c.pending.remove(&id);
+                                    }
                                 }
                             }
+                            Parsed::Request { id, method, params } => {
+                                assert_eq!(method, "clientService/handleRequest");
+                                let id = id.parse::<u64>().expect("host request ids are integers");
+                                c.host_requests.push(id);
+                                assert!(params.is_some());
+                            }
+                            Parsed::Notification { method, params } => {
+                                self.learn(&method, params.as_deref());
+                            }
+                            other => panic!("the host sent {other:?}"),
                         }
-                        Parsed::Request { id, method, params } => {
-                            assert_eq!(method, "clientService/handleRequest");
-                            let id = id.parse::<u64>().expect("host request ids are integers");
-                            c.host_requests.push(id);
-                            assert!(params.is_some());
+                        if let Some(result) = serde_json::from_slice::<Value>(bytes)
+                            .ok()
+                            .and_then(|v| v.get("result").cloned())
+                        {
+                            if let Some(id) = result.get("serviceId").and_then(Value::as_str) {
+                                self.services.push(id.to_owned());
+                            }
                         }
-                        Parsed::Notification { method, params } => {
-                            self.learn(&method, params.as_deref());
-                        }
-                        other => panic!("the host sent {other:?}"),
                     }
-                    if let Some(result) = serde_json::from_slice::<Value>(bytes)
-                        .ok()
-                        .and_then(|v| v.get("result").cloned())
-                    {
-                        if let Some(id) = result.get("serviceId").and_then(Value::as_str) {
-                            self.services.push(id.to_owned());
+                    // The drive loop carries commits out.
+                    Output::Commit(_) => {}
+                    Output::Close { conn, code, reason } => {
+                        self.trace.extend_from_slice(
+                            format!("close {} {}\n", conn.0, code.code()).as_bytes(),
+                        );
+                        assert!(!reason.is_empty() && reason.len() <= 123);
+                        let at = self.index(conn);
+                        let c = &mut self.conns[at].1;
+                        assert!(c.live, "Close for {conn:?}, which is closed");
+                        assert!(!c.closing, "a second Close for {conn:?}");
+                        c.closing = true;
+                        // A closing connection gets nothing more, answers included.
+                        c.pending.clear();
+                        if self.close_at_once {
+                            self.closed(at);
                         }
-                    }
-                }
-                Output::Close { conn, code, reason } => {
-                    self.trace.extend_from_slice(
-                        format!("close {} {}\n", conn.0, code.code()).as_bytes(),
-                    );
-                    assert!(!reason.is_empty() && reason.len() <= 123);
-                    let at = self.index(conn);
-                    let c = &mut self.conns[at].1;
-                    assert!(c.live, "Close for {conn:?}, which is closed");
-                    assert!(!c.closing, "a second Close for {conn:?}");
-                    c.closing = true;
-                    // A closing connection gets nothing more, answers included.
-                    c.pending.clear();
-                    if self.close_at_once {
-                        self.closed(at);
                     }
                 }
             }
@@ -996,8 +1011,8 @@ impl World {
     /// more idle ones than its quota.
     fn check_bindings(&self) {
         let held: Vec<_> = self.host.client_bindings().cloned().collect();
-        let stored = Store::load(&mut self.host.store().clone(), 0).map(|l| l.clients);
-        assert_eq!(Ok(held), stored, "bindings in memory differ from the store");
+        let stored = self.host.store().client_records();
+        assert_eq!(held, stored, "bindings in memory differ from the store");
         for i in 0..PRINCIPALS {
             let id = principal(i).id;
             assert!(

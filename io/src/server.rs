@@ -248,6 +248,8 @@ struct Driver<S: Store> {
     clock: Clock,
     /// Looked up per message (and never iterated in an order that matters).
     slots: U64Map<Slot>,
+    /// Carries out the core's `Output::Commit`s on this thread.
+    writer: axhost_core::drive::SyncWriter,
     /// The next connection id; ids start at 1 and are never reused.
     next_id: u64,
     /// Head timeouts, keepalive probes and closing lingers. Invariant: one entry per `Head` or
@@ -318,6 +320,7 @@ impl<S: Store> Driver<S> {
                 start: std::time::Instant::now(),
             },
             slots: U64Map::default(),
+            writer: axhost_core::drive::SyncWriter::default(),
             next_id: 1,
             deadlines: BTreeSet::new(),
             heads: BTreeSet::new(),
@@ -1108,6 +1111,9 @@ impl<S: Store> Driver<S> {
                 Output::Close { conn, code, reason } => {
                     self.close(conn.0, code.code(), reason, now)
                 }
+                // For now committed here, on the loop thread; what the outcome releases comes
+                // out of this same loop.
+                Output::Commit(change) => self.writer.commit(&mut self.host, now, &change),
             }
         }
     }

@@ -12,17 +12,18 @@
 //! host fails at once with [`OpenError::Locked`]; the operating system drops it when the process
 //! dies, so a crash never leaves a stale lock behind (unlike a pid file).
 //!
-//! ## Schema (version 2, in `PRAGMA user_version`)
+//! ## Schema (version 3, in `PRAGMA user_version`)
 //! - `meta(key, value)`: `server_seq` as decimal text.
-//! - `records(key, value)`: channel state and host bookkeeping as JSON text.
+//! - `records(kind, key, value)`: the core's typed records (`axhost_core::Table::name`:
+//!   `state` for channel states and host bookkeeping, `client` for clientId bindings) as JSON
+//!   text, keyed by `(kind, key)`.
 //! - `events(seq, channel, envelope)`: committed envelopes; index on `(channel, seq)`.
 //! - `receipts(owner, key, fingerprint, result)`: retry receipts, keyed per principal.
-//! - `clients(id, owner, last_client_seq, dispatched)`: clientId bindings; idle ones (never
-//!   dispatched) are deleted when their principal keeps too many.
 //!
-//! Version 1 lacked `clients.dispatched`; opening such a file adds the column and sets it from
-//! `last_client_seq` and the dispatch receipts, in the schema transaction. A database with a
-//! newer schema version is refused rather than guessed at.
+//! Older files are migrated in the schema transaction: version 1 lacked `clients.dispatched`
+//! (set from `last_client_seq` and the dispatch receipts); version 2 kept `records(key, value)`
+//! and `clients(id, owner, last_client_seq, dispatched)` apart, which become `state` and
+//! `client` rows. A database with a newer schema version is refused rather than guessed at.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -33,11 +34,11 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use axhost_core::{Change, ClientRecord, Event, Loaded, Receipt, Store, StoreError};
+use axhost_core::{Change, Event, Loaded, Receipt, Record, Store, StoreError, Table};
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, TransactionBehavior};
 
 /// The schema this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// How long a statement waits for a lock held by another connection. Only this process writes
 /// (the owner lock guarantees it) and in WAL mode readers never block a commit, so only a
@@ -51,11 +52,10 @@ const META_SERVER_SEQ: &str = "server_seq";
 
 const SCHEMA_SQL: &str = "
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS records(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS records(kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY(kind, key));
 CREATE TABLE IF NOT EXISTS events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_channel ON events(channel, seq);
 CREATE TABLE IF NOT EXISTS receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
-CREATE TABLE IF NOT EXISTS clients(id TEXT PRIMARY KEY, owner TEXT NOT NULL, last_client_seq INTEGER NOT NULL, dispatched INTEGER NOT NULL DEFAULT 0);
 ";
 
 /// Version 1 to 2: a binding dispatched if it has a dispatch receipt (`dispatch:<id>:<seq>`, under
@@ -66,6 +66,20 @@ UPDATE clients SET dispatched = 1 WHERE last_client_seq > 0 OR EXISTS (
     SELECT 1 FROM receipts r
     WHERE r.owner = clients.owner AND substr(r.key, 1, length(clients.id) + 10) = 'dispatch:' || clients.id || ':'
 );
+";
+
+/// Version 2 to 3: `records` rows become `state` records and `clients` rows `client` records
+/// whose value is the binding as the core writes it (`ClientRecord` JSON).
+const MIGRATE_2_TO_3: &str = "
+ALTER TABLE records RENAME TO records_v2;
+CREATE TABLE records(kind TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY(kind, key));
+INSERT INTO records(kind, key, value) SELECT 'state', key, value FROM records_v2;
+INSERT INTO records(kind, key, value) SELECT 'client', id, json_object(
+    'clientId', id, 'owner', owner, 'lastClientSeq', last_client_seq,
+    'dispatched', json(CASE WHEN dispatched THEN 'true' ELSE 'false' END)
+) FROM clients;
+DROP TABLE records_v2;
+DROP TABLE clients;
 ";
 
 /// Why [`SqliteStore::open`] failed. Every message names the file.
@@ -234,22 +248,23 @@ impl SqliteStore {
     /// Writes every part of `change` inside the already-open transaction `tx`.
     fn write_change(tx: &Connection, change: &Change) -> Result<(), StoreError> {
         for write in &change.records {
+            let kind = write.table.name();
             match &write.value {
                 Some(value) => {
                     let mut stmt = tx
                         .prepare_cached(
-                            "INSERT INTO records(key, value) VALUES (?1, ?2) \
-                             ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                            "INSERT INTO records(kind, key, value) VALUES (?1, ?2, ?3) \
+                             ON CONFLICT(kind, key) DO UPDATE SET value = excluded.value",
                         )
                         .map_err(sql("preparing record write"))?;
-                    stmt.execute(params![write.key, value])
+                    stmt.execute(params![kind, write.key, value])
                         .map_err(sql("writing a record"))?;
                 }
                 None => {
                     let mut stmt = tx
-                        .prepare_cached("DELETE FROM records WHERE key = ?1")
+                        .prepare_cached("DELETE FROM records WHERE kind = ?1 AND key = ?2")
                         .map_err(sql("preparing record delete"))?;
-                    stmt.execute(params![write.key])
+                    stmt.execute(params![kind, write.key])
                         .map_err(sql("deleting a record"))?;
                 }
             }
@@ -267,7 +282,7 @@ impl SqliteStore {
                 .map_err(sql("appending an event"))?;
             }
         }
-        if let Some(r) = &change.receipt {
+        for r in &change.receipts {
             let mut stmt = tx
                 .prepare_cached(
                     "INSERT INTO receipts(owner, key, fingerprint, result) VALUES (?1, ?2, ?3, ?4) \
@@ -277,30 +292,6 @@ impl SqliteStore {
                 .map_err(sql("preparing receipt write"))?;
             stmt.execute(params![r.owner, r.key, r.fingerprint, r.result])
                 .map_err(sql("writing a receipt"))?;
-        }
-        if !change.clients_released.is_empty() {
-            let mut stmt = tx
-                .prepare_cached("DELETE FROM clients WHERE id = ?1")
-                .map_err(sql("preparing client release"))?;
-            for id in &change.clients_released {
-                stmt.execute(params![id])
-                    .map_err(sql("releasing a client binding"))?;
-            }
-        }
-        if !change.clients.is_empty() {
-            let mut stmt = tx
-                .prepare_cached(
-                    "INSERT INTO clients(id, owner, last_client_seq, dispatched) \
-                     VALUES (?1, ?2, ?3, ?4) \
-                     ON CONFLICT(id) DO UPDATE SET owner = excluded.owner, \
-                     last_client_seq = excluded.last_client_seq, dispatched = excluded.dispatched",
-                )
-                .map_err(sql("preparing client write"))?;
-            for c in &change.clients {
-                let last = to_i64(c.last_client_seq, "last_client_seq")?;
-                stmt.execute(params![c.client_id, c.owner, last, c.dispatched])
-                    .map_err(sql("writing a client binding"))?;
-            }
         }
         let mut stmt = tx
             .prepare_cached(
@@ -350,18 +341,22 @@ impl Store for SqliteStore {
             ReadSeqError::Sqlite(e) => sql("reading server_seq")(e),
             ReadSeqError::Corrupt(problem) => StoreError(problem),
         })?;
-        let records = {
+        let mut records = Vec::new();
+        // Table by table, in the core's table order, each sorted by key.
+        for table in Table::ALL {
             let mut stmt = tx
-                .prepare_cached("SELECT key, value FROM records ORDER BY key")
+                .prepare_cached("SELECT key, value FROM records WHERE kind = ?1 ORDER BY key")
                 .map_err(sql("preparing the records query"))?;
             let rows = stmt
-                .query_map([], |row| {
+                .query_map(params![table.name()], |row| {
                     Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
                 })
                 .map_err(sql("reading records"))?;
-            rows.collect::<Result<Vec<_>, _>>()
-                .map_err(sql("reading records"))?
-        };
+            for row in rows {
+                let (key, value) = row.map_err(sql("reading records"))?;
+                records.push(Record { table, key, value });
+            }
+        }
         let events_tail = {
             let mut stmt = tx
                 .prepare_cached(
@@ -398,42 +393,12 @@ impl Store for SqliteStore {
                 )));
             }
         }
-        let clients = {
-            let mut stmt = tx
-                .prepare_cached(
-                    "SELECT id, owner, last_client_seq, dispatched FROM clients ORDER BY id",
-                )
-                .map_err(sql("preparing the clients query"))?;
-            let rows = stmt
-                .query_map([], |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, i64>(2)?,
-                        row.get::<_, bool>(3)?,
-                    ))
-                })
-                .map_err(sql("reading clients"))?;
-            let mut clients = Vec::new();
-            for row in rows {
-                let (client_id, owner, last, dispatched) = row.map_err(sql("reading clients"))?;
-                let last_client_seq = from_i64(last, "last_client_seq")?;
-                clients.push(ClientRecord {
-                    client_id,
-                    owner,
-                    last_client_seq,
-                    dispatched,
-                });
-            }
-            clients
-        };
         tx.commit().map_err(sql("finishing the load"))?;
         self.server_seq = server_seq;
         Ok(Loaded {
             server_seq,
             records,
             events_tail,
-            clients,
         })
     }
 
@@ -474,12 +439,12 @@ impl Store for SqliteStore {
             result,
         }))
     }
-    fn read_record(&mut self, key: &str) -> Result<Option<String>, StoreError> {
+    fn read_record(&mut self, table: Table, key: &str) -> Result<Option<String>, StoreError> {
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT value FROM records WHERE key = ?1")
+            .prepare_cached("SELECT value FROM records WHERE kind = ?1 AND key = ?2")
             .map_err(sql("preparing the record query"))?;
-        stmt.query_row(params![key], |row| row.get::<_, String>(0))
+        stmt.query_row(params![table.name(), key], |row| row.get::<_, String>(0))
             .optional()
             .map_err(sql("reading a record"))
     }
@@ -674,6 +639,10 @@ fn open_database(path: &Path) -> Result<Connection, OpenError> {
         tx.execute_batch(MIGRATE_1_TO_2)
             .map_err(fail("migrating the schema from version 1"))?;
     }
+    if version == 1 || version == 2 {
+        tx.execute_batch(MIGRATE_2_TO_3)
+            .map_err(fail("migrating the schema from version 2"))?;
+    }
     tx.execute_batch(SCHEMA_SQL)
         .map_err(fail("creating the schema"))?;
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -685,7 +654,7 @@ fn open_database(path: &Path) -> Result<Connection, OpenError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axhost_core::RecordWrite;
+    use axhost_core::{ClientRecord, RecordWrite};
 
     fn event(seq: u64, channel: &str) -> Event {
         Event {
@@ -715,9 +684,48 @@ mod tests {
 
     fn write(key: &str, value: Option<&str>) -> RecordWrite {
         RecordWrite {
+            table: Table::State,
             key: key.into(),
             value: value.map(str::to_owned),
         }
+    }
+
+    fn release(id: &str) -> RecordWrite {
+        RecordWrite {
+            table: Table::Client,
+            key: id.into(),
+            value: None,
+        }
+    }
+
+    /// State records written and client bindings written or released, as one record list.
+    fn records(
+        state: Vec<RecordWrite>,
+        clients: Vec<ClientRecord>,
+        released: Vec<&str>,
+    ) -> Vec<RecordWrite> {
+        let mut out = state;
+        out.extend(released.into_iter().map(release));
+        out.extend(clients.iter().map(ClientRecord::write));
+        out
+    }
+
+    fn state_of(loaded: &Loaded) -> Vec<(String, String)> {
+        loaded
+            .records
+            .iter()
+            .filter(|r| r.table == Table::State)
+            .map(|r| (r.key.clone(), r.value.clone()))
+            .collect()
+    }
+
+    fn clients_of(loaded: &Loaded) -> Vec<ClientRecord> {
+        loaded
+            .records
+            .iter()
+            .filter(|r| r.table == Table::Client)
+            .map(|r| ClientRecord::parse(&r.value).expect("a binding"))
+            .collect()
     }
 
     /// Two changes: records written, one deleted again, three events, receipts and clients.
@@ -725,21 +733,27 @@ mod tests {
         store
             .commit(&Change {
                 server_seq: 2,
-                records: vec![write("b", Some("{\"b\":1}")), write("a", Some("{\"a\":1}"))],
+                records: records(
+                    vec![write("b", Some("{\"b\":1}")), write("a", Some("{\"a\":1}"))],
+                    vec![client("c1", "alice", 1)],
+                    vec![],
+                ),
                 events: vec![event(1, "ahp-root://"), event(2, "ahp-session:/s1")],
-                receipt: Some(receipt("alice", "dispatch:c1:1", "null")),
-                clients: vec![client("c1", "alice", 1)],
-                clients_released: vec![],
+                receipts: vec![receipt("alice", "dispatch:c1:1", "null")],
+                ..Change::default()
             })
             .expect("first commit");
         store
             .commit(&Change {
                 server_seq: 3,
-                records: vec![write("b", None), write("a", Some("{\"a\":2}"))],
+                records: records(
+                    vec![write("b", None), write("a", Some("{\"a\":2}"))],
+                    vec![client("c1", "alice", 2), client("c2", "bob", 0)],
+                    vec![],
+                ),
                 events: vec![event(3, "ahp-session:/s1")],
-                receipt: Some(receipt("alice", "dispatch:c1:2", "{\"ok\":true}")),
-                clients: vec![client("c1", "alice", 2), client("c2", "bob", 0)],
-                clients_released: vec![],
+                receipts: vec![receipt("alice", "dispatch:c1:2", "{\"ok\":true}")],
+                ..Change::default()
             })
             .expect("second commit");
     }
@@ -748,7 +762,7 @@ mod tests {
         let loaded = store.load(10).expect("load");
         assert_eq!(loaded.server_seq, 3);
         assert_eq!(
-            loaded.records,
+            state_of(&loaded),
             vec![("a".to_owned(), "{\"a\":2}".to_owned())]
         );
         assert_eq!(
@@ -760,7 +774,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            loaded.clients,
+            clients_of(&loaded),
             vec![client("c1", "alice", 2), client("c2", "bob", 0)]
         );
         assert_eq!(
@@ -945,7 +959,7 @@ mod tests {
         assert_eq!(q("synchronous"), "Integer(2)");
         assert_eq!(q("foreign_keys"), "Integer(1)");
         assert_eq!(q("busy_timeout"), "Integer(100)");
-        assert_eq!(q("user_version"), "Integer(2)");
+        assert_eq!(q("user_version"), "Integer(3)");
     }
 
     #[test]
@@ -957,15 +971,14 @@ mod tests {
         store
             .commit(&Change {
                 server_seq: 3,
-                clients: vec![client("c3", "bob", 0)],
-                clients_released: vec!["c2".into()],
+                records: records(vec![], vec![client("c3", "bob", 0)], vec!["c2"]),
                 ..Change::default()
             })
             .expect("release");
         drop(store);
         let mut store = SqliteStore::open(&path).expect("reopen");
         assert_eq!(
-            store.load(10).expect("load").clients,
+            clients_of(&store.load(10).expect("load")),
             vec![client("c1", "alice", 2), client("c3", "bob", 0)]
         );
     }
@@ -995,10 +1008,7 @@ mod tests {
             .expect("version 1 schema");
         }
         let mut store = SqliteStore::open(&path).expect("migrating open");
-        let dispatched: Vec<(String, bool)> = store
-            .load(10)
-            .expect("load")
-            .clients
+        let dispatched: Vec<(String, bool)> = clients_of(&store.load(10).expect("load"))
             .into_iter()
             .map(|c| (c.client_id, c.dispatched))
             .collect();
@@ -1018,6 +1028,66 @@ mod tests {
             .pragma_query_value(None, "user_version", |row| row.get(0))
             .expect("version");
         assert_eq!(version, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn a_version_2_file_moves_its_records_and_clients_into_typed_records() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("x.db");
+        {
+            // The version 2 schema, as the previous release wrote it.
+            let conn = Connection::open(&path).expect("raw open");
+            conn.execute_batch(
+                "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
+                 CREATE TABLE records(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+                 CREATE TABLE events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
+                 CREATE INDEX events_channel ON events(channel, seq);
+                 CREATE TABLE receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
+                 CREATE TABLE clients(id TEXT PRIMARY KEY, owner TEXT NOT NULL, last_client_seq INTEGER NOT NULL, dispatched INTEGER NOT NULL DEFAULT 0);
+                 INSERT INTO meta VALUES ('server_seq', '7');
+                 INSERT INTO records VALUES ('ahp-chat:/s1', '{\"c\":1}'), ('axhost-session:/s1', '{\"m\":2}');
+                 INSERT INTO events VALUES (7, 'ahp-chat:/s1', '{\"seq\":7}');
+                 INSERT INTO receipts VALUES ('alice', 'dispatch:c1:3', 'f', 'null');
+                 INSERT INTO clients VALUES ('c1', 'alice', 3, 1), ('idle', 'bob', 0, 0);
+                 PRAGMA user_version = 2;",
+            )
+            .expect("version 2 schema");
+        }
+        let mut store = SqliteStore::open(&path).expect("migrating open");
+        let loaded = store.load(10).expect("load");
+        assert_eq!(loaded.server_seq, 7);
+        assert_eq!(
+            state_of(&loaded),
+            vec![
+                ("ahp-chat:/s1".to_owned(), "{\"c\":1}".to_owned()),
+                ("axhost-session:/s1".to_owned(), "{\"m\":2}".to_owned()),
+            ]
+        );
+        assert_eq!(
+            clients_of(&loaded),
+            vec![client("c1", "alice", 3), client("idle", "bob", 0)]
+        );
+        assert_eq!(loaded.events_tail, vec![event(7, "ahp-chat:/s1")]);
+        assert_eq!(
+            store
+                .read_record(Table::Client, "c1")
+                .expect("read")
+                .and_then(|v| ClientRecord::parse(&v)),
+            Some(client("c1", "alice", 3))
+        );
+        assert!(store
+            .receipt("alice", "dispatch:c1:3")
+            .expect("receipt")
+            .is_some());
+        let version: i64 = store
+            .conn
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .expect("version");
+        assert_eq!(version, SCHEMA_VERSION);
+        drop(store);
+        // A migrated file opens as a version 3 one.
+        let mut store = SqliteStore::open(&path).expect("reopen");
+        assert_eq!(store.load(10).expect("load"), loaded);
     }
 
     #[test]
@@ -1055,11 +1125,14 @@ mod tests {
         populate(&mut store);
         let dup = Change {
             server_seq: 3,
-            records: vec![write("a", Some("{\"a\":99}")), write("z", Some("{}"))],
+            records: records(
+                vec![write("a", Some("{\"a\":99}")), write("z", Some("{}"))],
+                vec![client("c3", "carol", 0)],
+                vec![],
+            ),
             events: vec![event(3, "ahp-root://")],
-            receipt: Some(receipt("alice", "dispatch:c1:3", "null")),
-            clients: vec![client("c3", "carol", 0)],
-            clients_released: vec![],
+            receipts: vec![receipt("alice", "dispatch:c1:3", "null")],
+            ..Change::default()
         };
         assert!(store.commit(&dup).is_err());
         assert_populated(&mut store);
@@ -1075,22 +1148,26 @@ mod tests {
         let path = dir.path().join("x.db");
         let mut store = SqliteStore::open(&path).expect("open");
         populate(&mut store);
-        // Fail the client write, the last statement before server_seq: everything before it in
-        // the same transaction (records, events, receipt) must vanish with it.
+        // Fail the client write (records before it, events and the receipt after it): every
+        // part of the same transaction must vanish with it.
         store
             .conn
             .execute_batch(
-                "CREATE TEMP TRIGGER refuse_boom BEFORE INSERT ON clients \
-                 WHEN NEW.owner = 'boom' BEGIN SELECT RAISE(ABORT, 'injected'); END;",
+                "CREATE TEMP TRIGGER refuse_boom BEFORE INSERT ON records \
+                 WHEN NEW.kind = 'client' AND NEW.value LIKE '%\"boom\"%' \
+                 BEGIN SELECT RAISE(ABORT, 'injected'); END;",
             )
             .expect("trigger");
         let change = Change {
             server_seq: 5,
-            records: vec![write("a", Some("{\"a\":99}")), write("z", Some("{}"))],
+            records: records(
+                vec![write("a", Some("{\"a\":99}")), write("z", Some("{}"))],
+                vec![client("c9", "boom", 0)],
+                vec![],
+            ),
             events: vec![event(4, "ahp-root://"), event(5, "ahp-root://")],
-            receipt: Some(receipt("alice", "dispatch:c1:3", "null")),
-            clients: vec![client("c9", "boom", 0)],
-            clients_released: vec![],
+            receipts: vec![receipt("alice", "dispatch:c1:3", "null")],
+            ..Change::default()
         };
         let err = store.commit(&change).expect_err("injected failure");
         assert!(err.0.contains("injected"), "{err}");

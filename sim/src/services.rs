@@ -497,6 +497,8 @@ impl ServiceModel {
             },
             Input::Flushed { .. } => Cause::Flushed,
             Input::Closed { conn } => Cause::Closed(*conn),
+            // The drive loop reports commit outcomes inside the call that issued them.
+            Input::Durable { .. } | Input::CommitFailed { .. } => Cause::Flushed,
         };
     }
 
@@ -512,6 +514,8 @@ impl ServiceModel {
         self.sent.push(match out {
             Output::Send { conn, frame } => classify(*conn, frame.as_bytes()),
             Output::Close { conn, .. } => Sent::Close { conn: *conn },
+            // Carried out by the drive loop, never sent anywhere.
+            Output::Commit(_) => return,
         });
     }
 

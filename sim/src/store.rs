@@ -8,7 +8,7 @@
 
 use std::cell::Cell;
 
-use axhost_core::{Change, Loaded, MemStore, Receipt, Store, StoreError};
+use axhost_core::{Change, Event, Loaded, MemStore, Receipt, Store, StoreError, Table};
 use rand_chacha::ChaCha8Rng;
 
 use crate::options::Ratio;
@@ -87,5 +87,17 @@ impl Store for SimStore {
             return Err(StoreError("injected receipt read failure".into()));
         }
         self.mem.receipt(owner, key)
+    }
+
+    fn read_record(&mut self, table: Table, key: &str) -> Result<Option<String>, StoreError> {
+        self.mem.read_record(table, key)
+    }
+
+    fn channel_events_after(
+        &mut self,
+        channel: &str,
+        after: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.mem.channel_events_after(channel, after)
     }
 }

@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use axhost_core::drive::Drive;
 use axhost_core::{ConnId, Host, HostConfig, Input, Instant, Now, Output, Principal, SessionScope};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -158,6 +159,8 @@ pub struct World {
     clock: SimClock,
     config: HostConfig,
     host: Option<Host<SimStore>>,
+    /// Carries out the host's commits (at once, on its store) and hands out the rest.
+    drive: Drive,
     net: SimNet,
     /// The clients.
     pub clients: Vec<SimClient>,
@@ -237,6 +240,7 @@ impl World {
             rng,
             config,
             host,
+            drive: Drive::immediate().flush_at_once(false).close_at_once(false),
             clients,
             checker,
             agenda: BTreeMap::new(),
@@ -404,13 +408,16 @@ impl World {
         result.map_err(|m| self.violation(m))
     }
 
-    /// Moves every host output into the network.
+    /// Moves every host output into the network, through the shared drive loop: commits are
+    /// carried out on the host's store at once, flushes and closes are the network's.
     fn drain(&mut self) -> Result<(), Violation> {
         let now_ms = self.clock.mono_ms;
-        loop {
-            let Some(out) = self.host.as_mut().and_then(Host::poll_output) else {
-                return Ok(());
-            };
+        let now = self.clock.now();
+        let mut outputs = Vec::new();
+        if let Some(host) = self.host.as_mut() {
+            self.drive.drain(host, now, |out| outputs.push(out));
+        }
+        for out in outputs {
             if let Err(m) = self.checker.on_output(&out) {
                 return Err(self.violation(m));
             }
@@ -422,6 +429,7 @@ impl World {
                     Output::Close { conn, code, reason } => {
                         eprintln!("    host closes {conn:?}: {} {reason}", code.code())
                     }
+                    Output::Commit(_) => {}
                 }
             }
             let known = match out {
@@ -433,11 +441,13 @@ impl World {
                 Output::Close { conn, code, reason } => {
                     self.net.close_to_client(conn, code, reason, now_ms)
                 }
+                Output::Commit(_) => true,
             };
             if !known {
                 return Err(self.violation("output for a connection the driver no longer has"));
             }
         }
+        Ok(())
     }
 
     fn deliver_to_host(&mut self, conn: ConnId) -> Result<(), Violation> {
@@ -725,6 +735,8 @@ impl World {
         let host = Host::new(self.config.clone(), store, host_seed)
             .map_err(|e| self.violation(format!("host failed to restart over its store: {e}")))?;
         self.epoch += 1;
+        // The new host numbers its changes and generations afresh.
+        self.drive = Drive::immediate().flush_at_once(false).close_at_once(false);
         let result = self.checker.after_restart(&before, &host, &pool);
         self.host = Some(host);
         result.map_err(|m| self.violation(m))?;

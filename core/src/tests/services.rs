@@ -19,7 +19,7 @@ fn host_with_groups(groups: &[&[&str]]) -> Harness {
 }
 
 impl Harness {
-    fn register(&mut self, conn: u64, metadata: Value) -> String {
+    pub(super) fn register(&mut self, conn: u64, metadata: Value) -> String {
         let r = self.request(
             conn,
             100,
@@ -307,15 +307,14 @@ fn a_slow_owner_loses_notifications_but_keeps_its_connection() {
             },
         );
         // Owner never flushes.
-        while let Some(o) = h.host.poll_output() {
-            match o {
-                crate::Output::Send { conn, .. } => {
-                    assert_eq!(conn, ConnId(1), "nothing goes back to the sender");
-                    forwarded += 1;
-                }
-                crate::Output::Close { .. } => panic!("notifications never close a connection"),
+        h.drain_unflushed(|o| match o {
+            crate::Output::Send { conn, .. } => {
+                assert_eq!(conn, ConnId(1), "nothing goes back to the sender");
+                forwarded += 1;
             }
-        }
+            crate::Output::Close { .. } => panic!("notifications never close a connection"),
+            crate::Output::Commit(_) => panic!("notifications commit nothing"),
+        });
     }
     assert!(forwarded > 0 && forwarded < 50, "forwarded {forwarded}");
     assert_eq!(h.host.stats().notifications_dropped, 50 - forwarded);

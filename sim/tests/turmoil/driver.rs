@@ -248,8 +248,12 @@ fn drain(
     probe: &SharedProbe,
     now: Now,
 ) {
+    // Commits are carried out here, at once, as io/ does; whatever a failure rolled back
+    // comes out of this same loop and is dropped.
+    let mut writer = axhost_core::drive::SyncWriter::default();
     while let Some(output) = host.poll_output() {
         match output {
+            Output::Commit(change) => writer.commit(host, now, &change),
             Output::Send { conn, frame } => {
                 if let Some(writer) = open.get(&conn) {
                     // A writer that is gone already sent (or will send) `Gone`.
