@@ -63,6 +63,7 @@ pub mod services;
 pub mod store;
 pub mod stream;
 pub mod world;
+pub mod writer;
 
 pub use checker::{Checker, Digest, Violation};
 pub use options::{Options, Ratio};
