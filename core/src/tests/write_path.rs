@@ -293,3 +293,22 @@ fn a_client_seq_a_signed_reader_cannot_take_back_is_refused_before_the_store() {
     let out = h.dispatch(1, "ahp-chat:/s1", i64::MAX as u64, turn("t1", "a"));
     assert!(actions_to(&out, 1)[0]["rejectionReason"].is_null());
 }
+
+#[test]
+fn after_a_failed_commit_with_nothing_in_flight_nothing_is_held() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]);
+    h.queue_commits();
+    let create = json!({"jsonrpc":"2.0","id":2,"method":"createSession","params":{"channel":"ahp-session:/s9"}});
+    assert!(h.send(1, &create).is_empty());
+    let out = h.fail(1);
+    assert!(out.iter().any(|(_, v)| v["id"] == 2), "{out:?}");
+    assert_eq!(h.host.commits_in_flight(), 0);
+    // Made after the failure, depending on nothing in flight: answered at once.
+    let sub =
+        json!({"jsonrpc":"2.0","id":3,"method":"subscribe","params":{"channel":"ahp-chat:/nope"}});
+    let out = h.send(1, &sub);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].1["id"], 3);
+    assert_eq!(h.host.queued_bytes(crate::ConnId(1)), Some(0));
+}
