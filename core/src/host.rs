@@ -598,6 +598,9 @@ impl<S: Store> Host<S> {
             | "client/unregisterService" => Fail::Send,
             _ => Fail::Answer(id),
         };
+        // A relayed request is answered by its service, and a refusal of one reveals nothing
+        // durable: it depends on no unflushed state and passes at once, like `ping`.
+        let unordered = method == "clientService/request";
         let outcome = match method {
             "ping" => {
                 // Depends on nothing: passes frames held for the connection.
@@ -650,10 +653,18 @@ impl<S: Store> Host<S> {
             _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
         };
         match outcome {
+            Ok(result) if unordered => {
+                self.send_unordered(conn, wire::result_frame(id, &result), FrameClass::Reply)
+            }
             Ok(result) => self.reply_with(conn, wire::result_frame(id, &result), on_fail),
             Err(e) => {
                 self.stats.errors_out += 1;
-                self.reply_with(conn, wire::error_frame(id, &e), on_fail);
+                let frame = wire::error_frame(id, &e);
+                if unordered {
+                    self.send_unordered(conn, frame, FrameClass::Reply);
+                } else {
+                    self.reply_with(conn, frame, on_fail);
+                }
                 if e.code == crate::error::UNSUPPORTED_PROTOCOL_VERSION {
                     self.conns.close(
                         &mut self.outbox,
@@ -736,10 +747,11 @@ impl<S: Store> Host<S> {
         }
     }
 
-    /// An error reply that reveals nothing (the request could not be read).
+    /// An error reply that reveals nothing (the request could not be read): it depends on no
+    /// unflushed state, so it passes held frames, like `ping`.
     pub(crate) fn reply_error(&mut self, conn: ConnId, id: &str, error: &RpcError) {
         self.stats.errors_out += 1;
-        self.reply(conn, wire::error_frame(id, error));
+        self.send_unordered(conn, wire::error_frame(id, error), FrameClass::Reply);
     }
 
     /// Sends one frame to every subscriber of `channel`, in ConnId order.

@@ -312,3 +312,28 @@ fn after_a_failed_commit_with_nothing_in_flight_nothing_is_held() {
     assert_eq!(out[0].1["id"], 3);
     assert_eq!(h.host.queued_bytes(crate::ConnId(1)), Some(0));
 }
+
+#[test]
+fn call_refusals_and_unreadable_frames_pass_held_frames_and_survive_a_failed_commit() {
+    let mut h = Harness::new();
+    h.open_chat(&[]);
+    h.queue_commits();
+    // Conn 1's echo is held behind the change in flight.
+    assert!(h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "a")).is_empty());
+    let call = json!({"jsonrpc":"2.0","id":11,"method":"clientService/request","params":{"channel":CATALOG,"serviceId":"nope","method":"m","params":{}}});
+    let out = h.send(1, &call);
+    assert_eq!(out.len(), 1, "a refusal passes at once: {out:?}");
+    assert_eq!(out[0].1["id"], 11);
+    assert_eq!(out[0].1["error"]["code"], -32008);
+    let out = h.send_raw(1, "{not json");
+    assert_eq!(out.len(), 1, "an id:null error passes at once: {out:?}");
+    assert!(out[0].1["id"].is_null());
+    // Before the handshake too.
+    h.connect(4, Principal::maintainer("m"));
+    let out = h.send(4, &call);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].1["error"]["code"], -32009);
+    // The unrelated change fails: nothing more is said about the refusals.
+    let out = h.fail(1);
+    assert!(out.iter().all(|(_, v)| v["id"] != 11), "{out:?}");
+}
