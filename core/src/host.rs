@@ -590,17 +590,20 @@ impl<S: Store> Host<S> {
         // How a reply that depended on a failed change is answered instead.
         let on_fail = match method {
             "initialize" | "reconnect" => Fail::Unready(id),
-            // Their outcome is in memory only (services) or answered by a rejection echo
-            // (`dispatchAction`): the reply itself stays true.
-            "dispatchAction"
-            | "client/registerService"
-            | "client/updateService"
-            | "client/unregisterService" => Fail::Send,
+            // Its outcome is answered by a rejection echo: the reply itself stays true.
+            "dispatchAction" => Fail::Send,
             _ => Fail::Answer(id),
         };
-        // A relayed request is answered by its service, and a refusal of one reveals nothing
-        // durable: it depends on no unflushed state and passes at once, like `ping`.
-        let unordered = method == "clientService/request";
+        // Client-service answers depend on no unflushed state (the registry is memory only; a
+        // relayed request is answered by its service; a refusal reveals nothing durable), so
+        // they pass at once, like `ping`. The catalog events a registration makes stay ordered.
+        let unordered = matches!(
+            method,
+            "client/registerService"
+                | "client/updateService"
+                | "client/unregisterService"
+                | "clientService/request"
+        );
         let outcome = match method {
             "ping" => {
                 // Depends on nothing: passes frames held for the connection.

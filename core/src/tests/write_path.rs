@@ -219,15 +219,17 @@ fn an_observer_that_loses_a_held_catalog_event_is_closed() {
     let reg = json!({"jsonrpc":"2.0","id":5,"method":"client/registerService","params":{"channel":CATALOG,"metadata":{}}});
     let out = h.send(2, &reg);
     assert!(out.iter().all(|(c, _)| *c != 1), "{out:?}");
-    let mut out = h.fail(1);
-    out.extend(h.complete(usize::MAX));
-    assert!(out.contains(&(1, json!({"close": 1008}))), "{out:?}");
-    // The registration itself stands (it is not durable state): its owner hears it.
+    // The registration itself depends on no unflushed state: its owner hears it at once.
     assert!(
         out.iter()
             .any(|(c, v)| *c == 2 && v["id"] == 5 && v["result"]["serviceId"].is_string()),
         "{out:?}"
     );
+    let mut out = h.fail(1);
+    out.extend(h.complete(usize::MAX));
+    assert!(out.contains(&(1, json!({"close": 1008}))), "{out:?}");
+    // It stands (it is not durable state).
+    assert_eq!(h.host.service_count(), 1);
 }
 
 #[test]
@@ -336,4 +338,37 @@ fn call_refusals_and_unreadable_frames_pass_held_frames_and_survive_a_failed_com
     // The unrelated change fails: nothing more is said about the refusals.
     let out = h.fail(1);
     assert!(out.iter().all(|(_, v)| v["id"] != 11), "{out:?}");
+}
+
+#[test]
+fn registry_answers_pass_at_once_and_a_registration_stands_when_its_reservation_fails() {
+    let mut h = Harness::new();
+    h.open_chat(&[]);
+    h.init(2, Principal::maintainer("m"), "svc", &[]);
+    h.queue_commits();
+    assert!(h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "a")).is_empty());
+    // The answer does not wait for the dispatch (nor for the reservation it issues).
+    let reg = json!({"jsonrpc":"2.0","id":5,"method":"client/registerService","params":{"channel":CATALOG,"metadata":{}}});
+    let out = h.send(2, &reg);
+    let answer = out
+        .iter()
+        .find(|(c, v)| *c == 2 && v["id"] == 5)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| panic!("answered at once: {out:?}"));
+    let service = answer["result"]["serviceId"].clone();
+    assert!(service.is_string(), "{answer}");
+    assert_eq!(h.host.commits_in_flight(), 2, "the dispatch and the reservation");
+    // Both fail: the registry is memory only, so the registration its answer announced stands
+    // and its owner (no catalog observer) keeps its connection.
+    let mut out = h.fail(2);
+    out.extend(h.complete(usize::MAX));
+    assert!(!out.contains(&(2, json!({"close": 1008}))), "{out:?}");
+    assert_eq!(h.host.service_count(), 1);
+    let update = json!({"jsonrpc":"2.0","id":6,"method":"client/updateService","params":{"channel":CATALOG,"serviceId":service,"metadata":{"v":2}}});
+    let out = h.send(2, &update);
+    assert!(
+        out.iter()
+            .any(|(c, v)| *c == 2 && v["id"] == 6 && v["result"].is_object()),
+        "{out:?}"
+    );
 }
