@@ -663,12 +663,17 @@ impl<S: Store> Host<S> {
             Err(e) => {
                 self.stats.errors_out += 1;
                 let frame = wire::error_frame(id, &e);
+                let unsupported = e.code == crate::error::UNSUPPORTED_PROTOCOL_VERSION;
                 if unordered {
                     self.send_unordered(conn, frame, FrameClass::Reply);
+                } else if unsupported {
+                    // Version negotiation reads no state: the `-32005` stays true whatever
+                    // fails, and the close below waits behind it.
+                    self.reply_with(conn, frame, Fail::Send);
                 } else {
                     self.reply_with(conn, frame, on_fail);
                 }
-                if e.code == crate::error::UNSUPPORTED_PROTOCOL_VERSION {
+                if unsupported {
                     self.conns.close(
                         &mut self.outbox,
                         conn,

@@ -372,3 +372,25 @@ fn registry_answers_pass_at_once_and_a_registration_stands_when_its_reservation_
         "{out:?}"
     );
 }
+
+#[test]
+fn an_unsupported_version_is_answered_before_its_close_even_when_a_commit_fails() {
+    let mut h = Harness::new();
+    h.open_chat(&[]);
+    h.queue_commits();
+    assert!(h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "a")).is_empty());
+    h.connect(2, Principal::maintainer("m"));
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"c"}});
+    // Held behind the change in flight, the close behind it.
+    assert!(h.send(2, &init).is_empty());
+    let mut out = h.fail(1);
+    out.extend(h.complete(usize::MAX));
+    let to_2: Vec<&Value> = out
+        .iter()
+        .filter(|(c, _)| *c == 2)
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(to_2.len(), 2, "{out:?}");
+    assert_eq!(to_2[0]["error"]["code"], -32005, "{out:?}");
+    assert_eq!(*to_2[1], json!({"close": 1008}));
+}
