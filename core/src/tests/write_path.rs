@@ -357,7 +357,11 @@ fn registry_answers_pass_at_once_and_a_registration_stands_when_its_reservation_
         .unwrap_or_else(|| panic!("answered at once: {out:?}"));
     let service = answer["result"]["serviceId"].clone();
     assert!(service.is_string(), "{answer}");
-    assert_eq!(h.host.commits_in_flight(), 2, "the dispatch and the reservation");
+    assert_eq!(
+        h.host.commits_in_flight(),
+        2,
+        "the dispatch and the reservation"
+    );
     // Both fail: the registry is memory only, so the registration its answer announced stands
     // and its owner (no catalog observer) keeps its connection.
     let mut out = h.fail(2);
