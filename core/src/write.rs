@@ -389,10 +389,10 @@ impl<S: Store> Host<S> {
         let channels = entry.channels();
         for c in &self.write.in_flight {
             for e in &c.events {
-                if channels.iter().any(|ch| **ch == *e.channel) {
-                    if entry.replay(&e.envelope).is_none() {
-                        panic!("session {id}: an in-flight event does not replay");
-                    }
+                if channels.iter().any(|ch| **ch == *e.channel)
+                    && entry.replay(&e.envelope).is_none()
+                {
+                    panic!("session {id}: an in-flight event does not replay");
                 }
             }
         }
