@@ -378,10 +378,13 @@ impl Connections {
     }
 
     /// Rewrites every held entry that depends on a change numbered `from` or later (they
-    /// failed) as `decide` says; returns the connections to close, in ConnId order.
+    /// failed) as `decide` says; a held close waits for `floor` instead (the change every kept
+    /// entry now depends on at most), so it still leaves right after what is ahead of it.
+    /// Returns the connections to close, in ConnId order.
     pub(crate) fn rewrite_failed(
         &mut self,
         from: u64,
+        floor: u64,
         mut decide: impl FnMut(ConnId, &Held) -> Rewrite,
     ) -> Vec<(ConnId, Then)> {
         let mut after = Vec::new();
@@ -390,8 +393,13 @@ impl Connections {
                 continue;
             };
             let mut kept = VecDeque::with_capacity(c.held.len());
-            for h in std::mem::take(&mut c.held) {
-                if h.dep < from || matches!(h.item, HeldItem::Close(..)) {
+            for mut h in std::mem::take(&mut c.held) {
+                if h.dep < from {
+                    kept.push_back(h);
+                    continue;
+                }
+                if matches!(h.item, HeldItem::Close(..)) {
+                    h.dep = floor;
                     kept.push_back(h);
                     continue;
                 }

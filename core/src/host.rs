@@ -590,14 +590,20 @@ impl<S: Store> Host<S> {
         // How a reply that depended on a failed change is answered instead.
         let on_fail = match method {
             "initialize" | "reconnect" => Fail::Unready(id),
-            // Their outcome is in memory only (services) or answered by a rejection echo
-            // (`dispatchAction`): the reply itself stays true.
-            "dispatchAction"
-            | "client/registerService"
-            | "client/updateService"
-            | "client/unregisterService" => Fail::Send,
+            // Its outcome is answered by a rejection echo: the reply itself stays true.
+            "dispatchAction" => Fail::Send,
             _ => Fail::Answer(id),
         };
+        // Client-service answers depend on no unflushed state (the registry is memory only; a
+        // relayed request is answered by its service; a refusal reveals nothing durable), so
+        // they pass at once, like `ping`. The catalog events a registration makes stay ordered.
+        let unordered = matches!(
+            method,
+            "client/registerService"
+                | "client/updateService"
+                | "client/unregisterService"
+                | "clientService/request"
+        );
         let outcome = match method {
             "ping" => {
                 // Depends on nothing: passes frames held for the connection.
@@ -650,11 +656,24 @@ impl<S: Store> Host<S> {
             _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
         };
         match outcome {
+            Ok(result) if unordered => {
+                self.send_unordered(conn, wire::result_frame(id, &result), FrameClass::Reply)
+            }
             Ok(result) => self.reply_with(conn, wire::result_frame(id, &result), on_fail),
             Err(e) => {
                 self.stats.errors_out += 1;
-                self.reply_with(conn, wire::error_frame(id, &e), on_fail);
-                if e.code == crate::error::UNSUPPORTED_PROTOCOL_VERSION {
+                let frame = wire::error_frame(id, &e);
+                let unsupported = e.code == crate::error::UNSUPPORTED_PROTOCOL_VERSION;
+                if unordered {
+                    self.send_unordered(conn, frame, FrameClass::Reply);
+                } else if unsupported {
+                    // Version negotiation reads no state: the `-32005` stays true whatever
+                    // fails, and the close below waits behind it.
+                    self.reply_with(conn, frame, Fail::Send);
+                } else {
+                    self.reply_with(conn, frame, on_fail);
+                }
+                if unsupported {
                     self.conns.close(
                         &mut self.outbox,
                         conn,
@@ -736,10 +755,11 @@ impl<S: Store> Host<S> {
         }
     }
 
-    /// An error reply that reveals nothing (the request could not be read).
+    /// An error reply that reveals nothing (the request could not be read): it depends on no
+    /// unflushed state, so it passes held frames, like `ping`.
     pub(crate) fn reply_error(&mut self, conn: ConnId, id: &str, error: &RpcError) {
         self.stats.errors_out += 1;
-        self.reply(conn, wire::error_frame(id, error));
+        self.send_unordered(conn, wire::error_frame(id, error), FrameClass::Reply);
     }
 
     /// Sends one frame to every subscriber of `channel`, in ConnId order.

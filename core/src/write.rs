@@ -64,6 +64,9 @@ struct InFlight {
 pub(crate) struct WritePath {
     next: u64,
     durable: u64,
+    /// The newest change that failed (0 before any). Every number up to it is resolved:
+    /// durable or failed, so nothing waits on it.
+    failed_through: u64,
     generation: u64,
     in_flight: VecDeque<InFlight>,
 }
@@ -73,6 +76,7 @@ impl Default for WritePath {
         WritePath {
             next: 1,
             durable: 0,
+            failed_through: 0,
             generation: 0,
             in_flight: VecDeque::new(),
         }
@@ -90,19 +94,28 @@ impl WritePath {
         self.durable
     }
 
+    /// The change a frame that depends on change `dep` really waits for: a failed number is
+    /// resolved (its state is gone), so a frame made after the failure waits only for what is
+    /// still durable or in flight below it.
+    fn resolved(&self, dep: u64) -> u64 {
+        if dep <= self.failed_through {
+            // Every number up to `failed_through` is durable or failed; the durable ones are
+            // all at or below the durable mark.
+            dep.min(self.durable)
+        } else {
+            dep
+        }
+    }
+
     /// How a frame that reveals the state as it is now is ordered.
     pub(crate) fn order<'a>(&self, on_fail: Fail<'a>) -> Order<'a> {
-        Order::After {
-            dep: self.issued(),
-            durable: self.durable,
-            on_fail,
-        }
+        self.order_after(self.issued(), on_fail)
     }
 
     /// How a frame that depends on change `dep` only is ordered.
     pub(crate) fn order_after<'a>(&self, dep: u64, on_fail: Fail<'a>) -> Order<'a> {
         Order::After {
-            dep,
+            dep: self.resolved(dep),
             durable: self.durable,
             on_fail,
         }
@@ -215,6 +228,7 @@ impl<S: Store> Host<S> {
             self.on_durable(number - 1);
         }
         let failed: Vec<InFlight> = self.write.in_flight.drain(..).collect();
+        self.write.failed_through = self.write.issued();
         tracing::warn!(
             first = number,
             changes = failed.len(),
@@ -264,7 +278,7 @@ impl<S: Store> Host<S> {
         let answer = |id: &str| HeldItem::Send(wire::error_frame(id, &RpcError::commit_failed()));
         let mut after = self
             .conns
-            .rewrite_failed(number, |_, held| match &held.on_fail {
+            .rewrite_failed(number, floor, |_, held| match &held.on_fail {
                 OnFail::Drop => Rewrite::Drop,
                 OnFail::Send => Rewrite::Keep {
                     dep: floor,

@@ -219,15 +219,17 @@ fn an_observer_that_loses_a_held_catalog_event_is_closed() {
     let reg = json!({"jsonrpc":"2.0","id":5,"method":"client/registerService","params":{"channel":CATALOG,"metadata":{}}});
     let out = h.send(2, &reg);
     assert!(out.iter().all(|(c, _)| *c != 1), "{out:?}");
-    let mut out = h.fail(1);
-    out.extend(h.complete(usize::MAX));
-    assert!(out.contains(&(1, json!({"close": 1008}))), "{out:?}");
-    // The registration itself stands (it is not durable state): its owner hears it.
+    // The registration itself depends on no unflushed state: its owner hears it at once.
     assert!(
         out.iter()
             .any(|(c, v)| *c == 2 && v["id"] == 5 && v["result"]["serviceId"].is_string()),
         "{out:?}"
     );
+    let mut out = h.fail(1);
+    out.extend(h.complete(usize::MAX));
+    assert!(out.contains(&(1, json!({"close": 1008}))), "{out:?}");
+    // It stands (it is not durable state).
+    assert_eq!(h.host.service_count(), 1);
 }
 
 #[test]
@@ -292,4 +294,107 @@ fn a_client_seq_a_signed_reader_cannot_take_back_is_refused_before_the_store() {
     assert_eq!(h.host.store().commits(), commits);
     let out = h.dispatch(1, "ahp-chat:/s1", i64::MAX as u64, turn("t1", "a"));
     assert!(actions_to(&out, 1)[0]["rejectionReason"].is_null());
+}
+
+#[test]
+fn after_a_failed_commit_with_nothing_in_flight_nothing_is_held() {
+    let mut h = Harness::new();
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-root://"]);
+    h.queue_commits();
+    let create = json!({"jsonrpc":"2.0","id":2,"method":"createSession","params":{"channel":"ahp-session:/s9"}});
+    assert!(h.send(1, &create).is_empty());
+    let out = h.fail(1);
+    assert!(out.iter().any(|(_, v)| v["id"] == 2), "{out:?}");
+    assert_eq!(h.host.commits_in_flight(), 0);
+    // Made after the failure, depending on nothing in flight: answered at once.
+    let sub =
+        json!({"jsonrpc":"2.0","id":3,"method":"subscribe","params":{"channel":"ahp-chat:/nope"}});
+    let out = h.send(1, &sub);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].1["id"], 3);
+    assert_eq!(h.host.queued_bytes(crate::ConnId(1)), Some(0));
+}
+
+#[test]
+fn call_refusals_and_unreadable_frames_pass_held_frames_and_survive_a_failed_commit() {
+    let mut h = Harness::new();
+    h.open_chat(&[]);
+    h.queue_commits();
+    // Conn 1's echo is held behind the change in flight.
+    assert!(h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "a")).is_empty());
+    let call = json!({"jsonrpc":"2.0","id":11,"method":"clientService/request","params":{"channel":CATALOG,"serviceId":"nope","method":"m","params":{}}});
+    let out = h.send(1, &call);
+    assert_eq!(out.len(), 1, "a refusal passes at once: {out:?}");
+    assert_eq!(out[0].1["id"], 11);
+    assert_eq!(out[0].1["error"]["code"], -32008);
+    let out = h.send_raw(1, "{not json");
+    assert_eq!(out.len(), 1, "an id:null error passes at once: {out:?}");
+    assert!(out[0].1["id"].is_null());
+    // Before the handshake too.
+    h.connect(4, Principal::maintainer("m"));
+    let out = h.send(4, &call);
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].1["error"]["code"], -32009);
+    // The unrelated change fails: nothing more is said about the refusals.
+    let out = h.fail(1);
+    assert!(out.iter().all(|(_, v)| v["id"] != 11), "{out:?}");
+}
+
+#[test]
+fn registry_answers_pass_at_once_and_a_registration_stands_when_its_reservation_fails() {
+    let mut h = Harness::new();
+    h.open_chat(&[]);
+    h.init(2, Principal::maintainer("m"), "svc", &[]);
+    h.queue_commits();
+    assert!(h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "a")).is_empty());
+    // The answer does not wait for the dispatch (nor for the reservation it issues).
+    let reg = json!({"jsonrpc":"2.0","id":5,"method":"client/registerService","params":{"channel":CATALOG,"metadata":{}}});
+    let out = h.send(2, &reg);
+    let answer = out
+        .iter()
+        .find(|(c, v)| *c == 2 && v["id"] == 5)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| panic!("answered at once: {out:?}"));
+    let service = answer["result"]["serviceId"].clone();
+    assert!(service.is_string(), "{answer}");
+    assert_eq!(
+        h.host.commits_in_flight(),
+        2,
+        "the dispatch and the reservation"
+    );
+    // Both fail: the registry is memory only, so the registration its answer announced stands
+    // and its owner (no catalog observer) keeps its connection.
+    let mut out = h.fail(2);
+    out.extend(h.complete(usize::MAX));
+    assert!(!out.contains(&(2, json!({"close": 1008}))), "{out:?}");
+    assert_eq!(h.host.service_count(), 1);
+    let update = json!({"jsonrpc":"2.0","id":6,"method":"client/updateService","params":{"channel":CATALOG,"serviceId":service,"metadata":{"v":2}}});
+    let out = h.send(2, &update);
+    assert!(
+        out.iter()
+            .any(|(c, v)| *c == 2 && v["id"] == 6 && v["result"].is_object()),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn an_unsupported_version_is_answered_before_its_close_even_when_a_commit_fails() {
+    let mut h = Harness::new();
+    h.open_chat(&[]);
+    h.queue_commits();
+    assert!(h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "a")).is_empty());
+    h.connect(2, Principal::maintainer("m"));
+    let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["1.0.0"],"clientId":"c"}});
+    // Held behind the change in flight, the close behind it.
+    assert!(h.send(2, &init).is_empty());
+    let mut out = h.fail(1);
+    out.extend(h.complete(usize::MAX));
+    let to_2: Vec<&Value> = out
+        .iter()
+        .filter(|(c, _)| *c == 2)
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(to_2.len(), 2, "{out:?}");
+    assert_eq!(to_2[0]["error"]["code"], -32005, "{out:?}");
+    assert_eq!(*to_2[1], json!({"close": 1008}));
 }
