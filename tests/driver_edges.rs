@@ -148,16 +148,6 @@ fn a_peer_that_never_reads_its_pongs_is_closed() {
     assert!(!host.stderr().contains("ppp"), "{}", host.stderr());
 }
 
-/// Resident memory of a process in KiB, from /proc.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// A frame header that announces 16 MiB commits no more memory than the bytes that came.
 #[cfg(target_os = "linux")]
 #[test]
@@ -170,7 +160,7 @@ fn an_announced_frame_does_not_reserve_its_length() {
     // Warm up: one ordinary connection, so allocator arenas exist before the baseline.
     let (mut warm, _) = host.ws_init("warm", &[]);
     assert_eq!(warm.ok("ping", json!({"channel": ROOT})), Value::Null);
-    let before = rss_kib(pid);
+    let before = common::rss_kib(pid);
     let mut peers = Vec::new();
     for _ in 0..PEERS {
         let mut ws = host.ws();
@@ -184,7 +174,7 @@ fn an_announced_frame_does_not_reserve_its_length() {
     }
     // The host is single-threaded: once it answers this, it has read every header.
     assert_eq!(warm.ok("ping", json!({"channel": ROOT})), Value::Null);
-    let grown_mib = rss_kib(pid).saturating_sub(before) / 1024;
+    let grown_mib = common::rss_kib(pid).saturating_sub(before) / 1024;
     assert!(
         grown_mib < 32,
         "{PEERS} stalled 16 MiB headers grew the host by {grown_mib} MiB"
@@ -207,7 +197,7 @@ fn idle_connections_hold_no_read_buffer() {
     for ws in &mut warm {
         assert_eq!(ws.ok("ping", json!({"channel": ROOT})), Value::Null);
     }
-    let before = rss_kib(pid);
+    let before = common::rss_kib(pid);
     let mut peers = Vec::new();
     for i in 0..PEERS {
         // Each one has initialized and been answered, then goes quiet.
@@ -215,7 +205,7 @@ fn idle_connections_hold_no_read_buffer() {
         assert_eq!(ws.ok("ping", json!({"channel": ROOT})), Value::Null);
         peers.push(ws);
     }
-    let per_peer = rss_kib(pid).saturating_sub(before) * 1024 / PEERS as u64;
+    let per_peer = common::rss_kib(pid).saturating_sub(before) * 1024 / PEERS as u64;
     assert!(
         per_peer < 10 * 1024,
         "{PEERS} idle connections cost the host {per_peer} bytes each"

@@ -20,17 +20,6 @@ const CONTINUATION: u8 = 0x0;
 /// plus 64 KiB of envelope.
 const ROLE_CAP: usize = 2 * (1024 * 1024 + 64 * 1024);
 
-/// Resident memory of a process in KiB, from /proc.
-#[cfg(target_os = "linux")]
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// A masked frame header announcing `len` payload bytes (the 8-byte length form), and its key.
 fn header(fin: bool, opcode: u8, len: u64) -> Vec<u8> {
     let mut h = vec![u8::from(fin) << 7 | opcode, 0x80 | 127];
@@ -68,7 +57,7 @@ fn hoarded_fragments_stay_under_the_total_and_close_only_the_one_that_crosses_it
     let pid = host.pid().expect("pid");
     let (mut warm, _) = host.ws_init("warm", &[]);
     assert_eq!(warm.ok("ping", json!({"channel": ROOT})), Value::Null);
-    let before = rss_kib(pid);
+    let before = common::rss_kib(pid);
     // A ping request, opened and padded, that the last fragment closes: `{"jsonrpc":…,"pad":"xx…"}`.
     let opening =
         br#"{"jsonrpc":"2.0","id":7,"method":"ping","params":{"channel":"ahp-root://"},"pad":""#;
@@ -85,7 +74,7 @@ fn hoarded_fragments_stay_under_the_total_and_close_only_the_one_that_crosses_it
     }
     // The host is one thread: once it answers this, it has read what came before.
     assert_eq!(warm.ok("ping", json!({"channel": ROOT})), Value::Null);
-    let grown_kib = rss_kib(pid).saturating_sub(before);
+    let grown_kib = common::rss_kib(pid).saturating_sub(before);
     let sent = HOARDERS * PIECE * PIECES;
     assert!(
         grown_kib * 1024 < (TOTAL + (4 << 20)) as u64,
