@@ -226,7 +226,9 @@ fn serve_store(
         trust_groups: cfg.trust_groups.clone(),
         ..HostConfig::default()
     };
-    let host = Host::new(host_config, store, seed).map_err(|e| e.to_string())?;
+    // The writer thread commits through one connection; the loop reads through the other.
+    let (reads, writes) = store.split();
+    let host = Host::new(host_config, reads, seed).map_err(|e| e.to_string())?;
     tracing::info!(data_dir = %dir.display(), principals = cfg.principals.len(), "host ready");
     let opts = ServeOptions {
         listen,
@@ -237,7 +239,7 @@ fn serve_store(
         coalesce_us: cfg.coalesce(),
         driver_limits: cfg.driver_limits.clone(),
     };
-    serve(host, opts, |addr| {
+    serve(host, writes, opts, |addr| {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "axhost listening on ws://{addr}/axp");
         if let Some(token) = new_token {

@@ -4,11 +4,14 @@
 //! stale and invisible ids, and the `axhost services` / `call` / `notify` commands.
 //!
 //! Wire traces use a barrier instead of guessing a quiet period: the host is one thread that
-//! handles each connection's frames in order and queues each connection's output in order, so
-//! once a connection has the answer to a `ping` it sent after a step finished, every frame that
-//! step produced for it has arrived. The trace of a step is everything the connection read
-//! (`Ws::received`) since the step began, minus the barrier's own answer, plus whatever a short
-//! drain still finds.
+//! handles each connection's frames in order and queues each connection's output in order, and
+//! an answer that shows state (`listSessions`) waits behind every frame the host decided before
+//! it (events wait for their change to be durable), so once a connection has the answer to a
+//! `listSessions` it sent after a step finished, every frame that step produced for it has
+//! arrived. (A `ping` is no barrier: its answer depends on nothing durable and overtakes frames
+//! that wait for the disk, such as the first catalog event, whose number block is reserved
+//! durably.) The trace of a step is everything the connection read (`Ws::received`) since the
+//! step began, minus the barrier's own answer, plus whatever a short drain still finds.
 
 mod common;
 
@@ -52,7 +55,7 @@ fn begin(conns: &mut [&mut Ws]) -> Vec<usize> {
     conns
         .iter_mut()
         .map(|ws| {
-            let id = ws.send_request("ping", json!({}));
+            let id = barrier(ws);
             let _ = ws.response(id);
             let _ = ws.drain(0);
             ws.received.len()
@@ -60,19 +63,27 @@ fn begin(conns: &mut [&mut Ws]) -> Vec<usize> {
         .collect()
 }
 
-/// Every frame each connection received since `marks`, after a `ping` barrier and a short drain
-/// (the barrier's answers removed).
+/// Sends the barrier request (see the module docs); returns its id.
+fn barrier(ws: &mut Ws) -> u64 {
+    ws.send_request(
+        "listSessions",
+        json!({"channel": "ahp-root://", "limit": 1}),
+    )
+}
+
+/// Every frame each connection received since `marks`, after a barrier and a short drain (the
+/// barrier's answers removed).
 fn settle(conns: &mut [&mut Ws], marks: &[usize]) -> Vec<Vec<Value>> {
     let mut out = Vec::new();
     for (ws, &mark) in conns.iter_mut().zip(marks) {
-        let id = ws.send_request("ping", json!({}));
-        let _ = ws.response(id);
+        let id = barrier(ws);
+        let answer = ws.response(id);
+        assert!(answer.get("result").is_some(), "barrier refused: {answer}");
         let _ = ws.drain(50);
-        let barrier = json!({"jsonrpc": "2.0", "id": id, "result": null});
         out.push(
             ws.received[mark..]
                 .iter()
-                .filter(|v| **v != barrier)
+                .filter(|v| v.get("method").is_some() || v.get("id") != Some(&json!(id)))
                 .cloned()
                 .collect(),
         );

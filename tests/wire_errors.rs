@@ -729,6 +729,42 @@ fn rejected_dispatch_is_echoed_to_the_sender_only_and_changes_nothing() {
 }
 
 #[test]
+fn a_dispatch_request_is_answered_null_once_applied_and_with_an_error_when_refused() {
+    let host = HostProcess::start();
+    let (mut a, _) = host.ws_init("ca", &[]);
+    create_session(&mut a, "s1");
+    a.ok("subscribe", json!({"channel": "ahp-chat:/s1"}));
+    let (mut b, _) = host.ws_init("cb", &[]);
+    b.ok("subscribe", json!({"channel": "ahp-chat:/s1"}));
+    let dispatch = |seq: u64, action: Value| json!({"channel": "ahp-chat:/s1", "clientSeq": seq, "action": action});
+
+    // Applied: `result: null`, and the echo to every subscriber, the sender included.
+    assert_eq!(
+        a.ok("dispatchAction", dispatch(1, turn_started("t1", "first"))),
+        Value::Null
+    );
+    for ws in [&mut a, &mut b] {
+        let echo = ws.notification("action");
+        assert_eq!(
+            echo["params"]["origin"],
+            json!({"clientId": "ca", "clientSeq": 1})
+        );
+        assert!(echo["params"].get("rejectionReason").is_none(), "{echo}");
+    }
+
+    // Refused (a second turn while one is active): a JSON-RPC error and no echo at all, since
+    // a `null` beside a rejection echo would tell an SDK that dispatches this way that the
+    // refused action succeeded.
+    let e = a.err("dispatchAction", dispatch(2, turn_started("t2", "second")));
+    assert_eq!(code(&e), -32004, "{e}");
+    a.expect_no_frame(300);
+    b.expect_no_frame(0);
+    // The refusal changed nothing: the same action as a notification is rejected alike.
+    a.dispatch("ahp-chat:/s1", 3, turn_started("t2", "second"));
+    assert!(a.notification("action")["params"]["rejectionReason"].is_string());
+}
+
+#[test]
 fn unsubscribe_stops_delivery() {
     let host = HostProcess::start();
     let (mut admin, _) = host.ws_init("c-admin", &[]);

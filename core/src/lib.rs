@@ -10,15 +10,19 @@
 //!   WebSocket text message         ──► handle(now, Input::Message)
 //!   bytes written to a socket      ──► handle(now, Input::Flushed)
 //!   socket gone                    ──► handle(now, Input::Closed)
+//!   changes durable / failed       ──► handle(now, Input::Durable / Input::CommitFailed)
 //!   timer expired                  ──► handle_timeout(now)
 //!   write frame / close socket     ◄── poll_output() -> Output::{Send, Close}
+//!   commit a change                ◄── poll_output() -> Output::Commit
 //!   sleep until                    ◄── poll_timeout()
 //! ```
 //!
 //! ## The run loop
 //! Feed inputs with [`Host::handle`] (several may precede one drain), call
 //! [`Host::handle_timeout`] when the deadline from [`Host::poll_timeout`] passes, and drain
-//! [`Host::poll_output`] to `None` before sleeping.
+//! [`Host::poll_output`] to `None` before sleeping. Commit each `Output::Commit` in order (on
+//! any thread; group several into one transaction if you like) and report the outcome.
+//! [`drive::Drive`] does all of this against the host's own store, for tests and tools.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -35,20 +39,26 @@
 //! }
 //! ```
 //!
-//! ## Time
-//! The core never reads a clock. Every call takes a [`Now`]: a monotonic millisecond count that
-//! orders and expires things, and a wall-clock reading used only for timestamps users see.
+//! ## Layout
+//! A small kernel ([`kernel`]: connections, outbox, timers, sequencer, write path, generator,
+//! `now`, stats) is lent to components that own their tables: the AHP sessions (`ahp`),
+//! client services (`services`). `host` routes inputs and methods to them; `log` is the one
+//! write path; `net` the wire and the connection table.
 //!
-//! ## Determinism
-//! Randomness comes from one seeded generator built in [`Host::new`]; everything iterated on the
-//! way to an output is ordered (`BTreeMap`, `Vec`, or sorted first). The hash maps on the hot
-//! path use a fixed hasher and are only looked up, never iterated. Same config, store contents, seed and inputs:
-//! same outputs, byte for byte. The simulator (`axhost-sim`) relies on it.
+//! ## Durable before revealed
+//! A change is applied in memory at once (later changes build on it) and handed out as
+//! `Output::Commit`; nothing it reveals (events, the answer to its sender, snapshots and
+//! replays that include it) leaves the host before `Input::Durable` covers it. A failed
+//! commit rolls the host back to the durable state and tells each sender.
+//!
+//! ## Time and determinism
+//! The core never reads a clock: every call takes a [`Now`]. Randomness comes from one seeded
+//! generator built in [`Host::new`]; everything iterated on the way to an output is ordered.
+//! Same config, store contents, seed and inputs: same outputs, byte for byte.
 //!
 //! ## Errors
 //! Bad input from a peer becomes a JSON-RPC error, a rejection echo, a documented drop or a
-//! documented close, never a panic. A store that refuses a commit leaves memory and clients
-//! untouched and the caller gets `-32603`. Broken internal invariants are bugs and panic with a
+//! documented close, never a panic. Broken internal invariants are bugs and panic with a
 //! message naming ids and counters, never payloads.
 //!
 //! ## Limits
@@ -59,40 +69,41 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod binding;
+mod ahp;
+pub mod canonical;
 mod channel;
-mod connection;
-mod dispatch;
+pub mod drive;
 pub mod error;
-mod handshake;
 mod hash;
 mod host;
+pub(crate) mod kernel;
 mod limits;
-mod output;
+pub mod log;
+mod net;
 mod principal;
-pub mod relay;
-mod sequencer;
 mod services;
-mod session;
-mod store;
-mod time;
-pub mod wire;
 
+pub use ahp::clients::ClientRecord;
+pub use ahp::session::{AXP_CAPABILITY, AXP_VERSION};
 pub use channel::{valid_id, valid_session_id, ChannelRef, CATALOG, ROOT};
-pub use connection::ConnId;
 pub use error::RpcError;
 pub use hash::{IdHasher, U64Map};
-pub use host::{Host, HostConfig, HostError, Input, Stats};
+pub use host::{Host, HostError, Input};
+pub use kernel::time::{iso8601, Instant, Now};
+pub use kernel::{HostConfig, Stats};
 pub use limits::{
     Limits, ACTION_DEPTH_MAX, REQUEST_ID_BYTES_MAX, SERVICES_MAX, SERVICE_METADATA_DEPTH_MAX,
 };
-pub use output::{CloseCode, Frame, Output};
-pub use principal::{session_id_from_scope_entry, Principal, Role, SessionScope};
-pub use services::{CAPABILITY as CLIENT_SERVICES_CAPABILITY, METHODS as CLIENT_SERVICES_METHODS};
-pub use session::{AXP_CAPABILITY, AXP_VERSION};
-pub use store::{
-    Change, ClientRecord, Event, Loaded, MemStore, Receipt, RecordWrite, Store, StoreError,
+pub use log::change::{
+    Bytes, Change, Event, Loaded, Receipt, Record, StoreError, StoredRecord, Table,
 };
-pub use time::{iso8601, Instant, Now};
+pub use log::store::{Commit, MemStore, Store};
+pub use net::connection::ConnId;
+pub use net::output::{CloseCode, Frame, Output};
+pub use net::wire;
+pub use principal::{session_id_from_scope_entry, Principal, Role, SessionScope};
+pub use services::relay::{CANCELLED, SERVICE_GONE, TIMEOUT};
+pub use services::{CAPABILITY as CLIENT_SERVICES_CAPABILITY, METHODS as CLIENT_SERVICES_METHODS};
+
 #[cfg(test)]
 mod tests;

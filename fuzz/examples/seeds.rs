@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::Path;
 
-use axhost_fuzz::sequence::{Method, Msg, Op, Script};
+use axhost_fuzz::sequence::{Method, Msg, Op, Script, Writes};
 use axhost_fuzz::websocket::{TOKEN_ALICE, TOKEN_BOB};
 
 fn write(target: &str, name: &str, bytes: &[u8]) {
@@ -518,6 +518,105 @@ fn host_sequence() {
                     },
                     call(0, Method::Unknown, 2, [0; 4]),
                     Op::Advance { ms: 5, wall: -100 },
+                ],
+            },
+        ),
+        // The write path: frames held until their change is durable, released by partial
+        // groups; a closed transport with frames still held.
+        (
+            "write-held",
+            Script {
+                tight: true,
+                close_at_once: false,
+                session_limit: 2,
+                ops: vec![
+                    Op::Writer(Writes::Deferred),
+                    connect(0),
+                    connect(1),
+                    call(0, Method::CreateSession, 1, [0, 8, 3, 0]),
+                    call(1, Method::Subscribe, 2, [0, 5, 0, 0]),
+                    call(0, Method::DispatchAction, 3, [0, 5, 0, 1]),
+                    notify(0, Method::DispatchAction, [0, 5, 5, 4]),
+                    notify(0, Method::DispatchAction, [0, 5, 0, 5]),
+                    Op::Writer(Writes::Complete(1)),
+                    Op::Flush { conn: 0, frames: 2 },
+                    Op::Writer(Writes::Complete(2)),
+                    Op::Close { conn: 1 },
+                    Op::Writer(Writes::Complete(5)),
+                    call(0, Method::ListSessions, 4, [0, 0, 0, 1]),
+                ],
+            },
+        ),
+        // A failed group: the answer to a dispatch becomes -32603, a notified dispatch its
+        // rejection, a snapshot that showed rolled-back state -32603 and a 1011 close; the host
+        // rolls back to the store.
+        (
+            "write-failed-group",
+            Script {
+                tight: false,
+                close_at_once: true,
+                session_limit: 0,
+                ops: vec![
+                    connect(0),
+                    connect(1),
+                    call(0, Method::CreateSession, 1, [0, 8, 3, 0]),
+                    call(1, Method::Subscribe, 2, [0, 5, 0, 0]),
+                    Op::Writer(Writes::Deferred),
+                    call(0, Method::DispatchAction, 3, [0, 5, 0, 1]),
+                    notify(0, Method::DispatchAction, [0, 5, 5, 4]),
+                    call(1, Method::Subscribe, 4, [0, 8, 0, 0]),
+                    Op::Writer(Writes::Fail(3)),
+                    call(0, Method::ListSessions, 5, [0, 0, 0, 1]),
+                    Op::Writer(Writes::Immediate),
+                    call(0, Method::DispatchAction, 6, [0, 5, 0, 3]),
+                ],
+            },
+        ),
+        // A crash with changes queued: what no client was shown is lost, a replay from 0 shows
+        // only durable events.
+        (
+            "write-crash",
+            Script {
+                tight: false,
+                close_at_once: true,
+                session_limit: 0,
+                ops: vec![
+                    connect(0),
+                    call(0, Method::CreateSession, 1, [0, 8, 3, 0]),
+                    call(0, Method::Subscribe, 2, [0, 5, 0, 0]),
+                    Op::Writer(Writes::Deferred),
+                    call(0, Method::DispatchAction, 3, [0, 5, 0, 1]),
+                    notify(0, Method::DispatchAction, [0, 5, 5, 4]),
+                    Op::Writer(Writes::Complete(1)),
+                    Op::Restart { fail_commits: 4 },
+                    Op::Connect {
+                        who: 0,
+                        init: false,
+                    },
+                    call(1, Method::Reconnect, 2, [0, 0, 0, 5]),
+                ],
+            },
+        ),
+        // The store refuses commits: a handshake's binding (at once), then the first change of
+        // a group, so the whole group fails.
+        (
+            "write-refused",
+            Script {
+                tight: false,
+                close_at_once: true,
+                session_limit: 0,
+                ops: vec![
+                    Op::Writer(Writes::Refuse(1)),
+                    connect(0),
+                    connect(0),
+                    call(1, Method::CreateSession, 1, [0, 8, 3, 0]),
+                    Op::Writer(Writes::Deferred),
+                    call(1, Method::DispatchAction, 2, [0, 5, 0, 1]),
+                    call(1, Method::DispatchAction, 3, [0, 5, 5, 4]),
+                    Op::Writer(Writes::Refuse(1)),
+                    Op::Flush { conn: 1, frames: 1 },
+                    Op::Writer(Writes::Complete(2)),
+                    Op::Advance { ms: 10, wall: 0 },
                 ],
             },
         ),

@@ -5,32 +5,47 @@
 //! (rendered from a dictionary of every method shape the host serves, with generated ids,
 //! channels, session and service ids, or raw/mutated text), report bytes flushed (whole frames,
 //! as the driver's ledger does), close, advance time (`handle_timeout`), expire every deadline,
-//! restart the host over its store (the next commits may fail). Outputs are drained after each.
+//! restart the host over its store (after settling the writer, or as a crash that loses what it
+//! had queued; the next commits may fail), and steer the writer ([`Writes`]: commit at once,
+//! queue commits, complete or fail the oldest queued ones as a group, make the store refuse
+//! commits). Outputs are drained after each through [`axhost_core::drive::Drive`], which
+//! carries out `Output::Commit` on the host's own store as the writer contract says.
 //!
 //! Checks, continuously:
-//! - no panic (the core's debug assertions are on in fuzz builds);
+//! - no panic (the core's debug assertions are on in fuzz builds; `MemStore` asserts commits
+//!   come in order);
 //! - outputs go only to connections that are connected and not yet reported closed; nothing is
 //!   sent to a connection after its `Close`, and it is closed once;
 //! - every frame is JSON (and strict JSON while every input was), and a well-formed JSON-RPC
 //!   message; host-initiated requests are `clientService/handleRequest`;
-//! - every response answers a request that connection sent, with its id: malformed input and
-//!   requests are answered at once, exactly once (unless the host closed the connection);
-//!   `clientService/request` at once (refused) or later (relayed), never twice;
-//! - `queued_bytes` equals the bytes of the frames sent and not yet reported flushed;
+//! - every response answers a request that connection sent, with its id, at most once per
+//!   request; malformed input and requests are answered by the time nothing is in flight
+//!   (at once while the writer keeps up), `clientService/request` then or later (relayed);
+//! - nothing revealed before it is durable: an `action` event is in the store byte for byte
+//!   when it leaves, and every `serverSeq` or `fromSeq` a frame shows (rejections, catalog
+//!   events, handshakes, snapshots, replays) is covered by the store's mark; a restarted host
+//!   resumes at or above every number shown;
+//! - `queued_bytes` equals the bytes of the frames sent and not yet reported flushed (frames
+//!   held for their change are not queued: they are `held_bytes`); a connection with nothing
+//!   held holds no bytes; once nothing is in flight nothing is held anywhere; the changes the
+//!   host has in flight are exactly the ones the writer has queued;
+//! - after a failed group, and at every clean restart, the host's channels and clientId
+//!   bindings equal those of a host built from the store (the durable state);
 //! - after `handle_timeout(now)` no deadline at or before `now` is left;
-//! - at the end, past every timeout, no request is pending; once every connection is closed
-//!   the connection, service and relay tables are empty; the clientId bindings equal the
-//!   store's, with no principal over its idle quota;
-//! - the same script on a second host gives the same outputs, byte for byte.
+//! - at the end, once the writer settled and past every timeout, no request is pending and
+//!   nothing is held; once every connection is closed the connection, service and relay tables
+//!   are empty; the clientId bindings equal the store's, with no principal over its idle quota;
+//! - the same script on a second host gives the same outputs and changes, byte for byte.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use arbitrary::{Arbitrary, Unstructured};
 
+use axhost_core::drive::{Commits, Drive};
 use axhost_core::{
-    ConnId, Host, HostConfig, Input, Instant, Limits, MemStore, Now, Output, Principal, Role,
-    SessionScope, Store, CATALOG, ROOT,
+    ClientRecord, ConnId, Host, HostConfig, Input, Instant, Limits, MemStore, Now, Output,
+    Principal, Role, SessionScope, Table, CATALOG, ROOT,
 };
 use serde_json::{json, Value};
 
@@ -93,9 +108,61 @@ pub enum Op {
     Expire,
     /// The host stops and a new one starts over the same store.
     Restart {
-        /// Commits the store refuses next.
+        /// Commits the store refuses next (mod 4); bit 2: a crash (what the writer queued is
+        /// lost) rather than a clean stop (the writer settles first).
         fail_commits: u8,
     },
+    /// The writer changes how it carries out `Output::Commit`; see [`Writes`].
+    Writer(Writes),
+}
+
+/// What the writer does. Changes come out of the host in order and are committed in order;
+/// whatever this says, the script's end settles every queued change.
+///
+/// Encoded in the tag byte of the operation it precedes (`tag / 10`, 0 for none), so a
+/// libFuzzer mutation of that byte changes the writer and keeps the operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Writes {
+    /// From now on commit each change as it comes out, and report it durable at once (after
+    /// completing every queued change first, in order). How every script starts.
+    Immediate,
+    /// From now on queue each change: its frames are held until it completes.
+    Deferred,
+    /// Commit the oldest `n` queued changes as one group (one `Durable` for the group).
+    Complete(u8),
+    /// Fail the oldest `n` queued changes as one group without writing them (a failed
+    /// transaction): the host rolls back to the durable state.
+    Fail(u8),
+    /// The store refuses its next `n` commits, whichever way they come
+    /// (`MemStore::fail_next_commits`).
+    Refuse(u8),
+}
+
+impl Writes {
+    /// `index` 1..=25 (a tag byte / 10); 0 is no writer operation.
+    fn from_index(index: u8) -> Option<Writes> {
+        let k = index.checked_sub(1)?;
+        let n = k / 5 + 1;
+        Some(match k % 5 {
+            0 => Writes::Refuse(n),
+            1 => Writes::Complete(n),
+            2 => Writes::Fail(n),
+            3 => Writes::Immediate,
+            _ => Writes::Deferred,
+        })
+    }
+
+    /// The inverse of [`Writes::from_index`]; at most 23, so `index * 10 + tag` is a byte.
+    fn to_index(self) -> u8 {
+        let at = |kind: u8, n: u8| (n.clamp(1, 5) - 1) * 5 + kind + 1;
+        match self {
+            Writes::Refuse(n) => at(0, n),
+            Writes::Complete(n) => at(1, n),
+            Writes::Fail(n) => at(2, n),
+            Writes::Immediate => at(3, 1),
+            Writes::Deferred => at(4, 1),
+        }
+    }
 }
 
 /// The text of a message.
@@ -183,15 +250,20 @@ impl Method {
 
 impl Script {
     /// Reads a script: a header byte (bit 0: tight limits; bit 1: deferred `Closed`; bits 2-3:
-    /// the session limit under tight limits), then
-    /// operations until the bytes run out, each a tag byte and its arguments.
+    /// the session limit under tight limits), then operations until the bytes run out, each a
+    /// tag byte and its arguments. The tag's value mod 10 is the operation; above 9, `tag / 10`
+    /// is a [`Writes`] operation that runs first.
     pub fn decode(data: &[u8]) -> Script {
         let mut u = Unstructured::new(data);
         let byte = |u: &mut Unstructured<'_>| u8::arbitrary(u).unwrap_or(0);
         let header = byte(&mut u);
         let mut ops = Vec::new();
         while !u.is_empty() {
-            let op = match byte(&mut u) % 10 {
+            let tag = byte(&mut u);
+            if let Some(w) = Writes::from_index(tag / 10) {
+                ops.push(Op::Writer(w));
+            }
+            let op = match tag % 10 {
                 0 => Op::Connect {
                     who: byte(&mut u),
                     init: !byte(&mut u).is_multiple_of(4),
@@ -270,8 +342,20 @@ impl Script {
                 | if self.close_at_once { 0 } else { 2 }
                 | (self.session_limit & 3) << 2,
         ];
+        // A writer operation rides on the next operation's tag; one with no operation after it
+        // (or another writer operation) rides on a flush of no frames, which does nothing.
+        let mut writer = 0u8;
         for op in &self.ops {
+            if let Op::Writer(w) = op {
+                if writer != 0 {
+                    out.extend([writer * 10 + 5, 0, 0]);
+                }
+                writer = w.to_index();
+                continue;
+            }
+            let start = out.len();
             match op {
+                Op::Writer(_) => continue,
                 Op::Connect { who, init } => out.extend([0, *who, u8::from(*init)]),
                 Op::Send { conn, msg } => match msg {
                     Msg::Call {
@@ -315,6 +399,11 @@ impl Script {
                 Op::Expire => out.push(8),
                 Op::Restart { fail_commits } => out.extend([9, *fail_commits]),
             }
+            out[start] += writer * 10;
+            writer = 0;
+        }
+        if writer != 0 {
+            out.extend([writer * 10 + 5, 0, 0]);
         }
         out
     }
@@ -418,11 +507,11 @@ fn request_id(i: u8) -> String {
 struct Conn {
     /// Connected and not yet reported closed.
     live: bool,
-    /// The host asked to close it.
+    /// The host's `Close` for it came out.
     closing: bool,
     /// Byte lengths of frames sent and not yet reported flushed.
     unflushed: VecDeque<u64>,
-    /// Relayed requests awaiting their answer: raw id → count.
+    /// Requests awaiting their answer (held for their change, or relayed): raw id → count.
     pending: BTreeMap<String, u32>,
     /// Ids of `clientService/handleRequest` the host sent here.
     host_requests: Vec<u64>,
@@ -431,6 +520,10 @@ struct Conn {
 struct World {
     config: HostConfig,
     host: Host<MemStore>,
+    /// The writer: carries out `Output::Commit` on the host's store, at once or queued.
+    drive: Drive,
+    /// How the writer currently commits.
+    commits: Commits,
     seed: u64,
     close_at_once: bool,
     now: Now,
@@ -442,6 +535,19 @@ struct World {
     /// Everything the host did, for the determinism check.
     trace: Vec<u8>,
     sends_this_host: u64,
+    /// The highest `serverSeq` any frame showed, across restarts.
+    revealed: u64,
+    /// Changes issued and durable when the trace last noted them.
+    traced_changes: (u64, u64),
+}
+
+/// The drive loop as the driver runs it: `Flushed` is the script's to report, `Closed` at once
+/// or not as the script says.
+fn drive(commits: Commits, close_at_once: bool) -> Drive {
+    Drive::immediate()
+        .commits(commits)
+        .flush_at_once(false)
+        .close_at_once(close_at_once)
 }
 
 impl World {
@@ -460,6 +566,8 @@ impl World {
         World {
             config,
             host,
+            drive: drive(Commits::Immediate, script.close_at_once),
+            commits: Commits::Immediate,
             seed: 7,
             close_at_once: script.close_at_once,
             now: Now {
@@ -472,6 +580,8 @@ impl World {
             strict: true,
             trace: Vec::new(),
             sends_this_host: 0,
+            revealed: 0,
+            traced_changes: (0, 0),
         }
     }
 
@@ -682,7 +792,7 @@ impl World {
                 let principal = Arc::new(principal(usize::from(*who)));
                 self.host
                     .handle(self.now, Input::Connected { conn, principal });
-                self.drain(None);
+                self.drain(false);
                 if *init {
                     let at = self.conns.len() - 1;
                     let text = self.render(at, Method::Initialize, 0, [*who, 0, 1, 0], false);
@@ -726,14 +836,14 @@ impl World {
                 if bytes > 0 {
                     let conn = *id;
                     self.host.handle(self.now, Input::Flushed { conn, bytes });
-                    self.drain(None);
+                    self.drain(false);
                 }
             }
             Op::Close { conn } => {
                 let Some(at) = self.pick(*conn) else { return };
                 if self.conns[at].1.live {
                     self.closed(at);
-                    self.drain(None);
+                    self.drain(false);
                 }
             }
             Op::Advance { ms, wall } => {
@@ -749,13 +859,64 @@ impl World {
                 }
                 self.timeout();
             }
-            Op::Restart { fail_commits } => self.restart(u32::from(*fail_commits % 4)),
+            Op::Restart { fail_commits } => {
+                self.restart(u32::from(*fail_commits % 4), *fail_commits & 4 != 0)
+            }
+            Op::Writer(w) => self.writer(*w),
         }
+    }
+
+    fn writer(&mut self, w: Writes) {
+        match w {
+            Writes::Immediate => self.settle(),
+            Writes::Deferred => self.set_commits(Commits::Queued),
+            Writes::Complete(n) => {
+                if self.drive.queued() > 0 {
+                    let failures = self.host.stats().commit_failures;
+                    self.drive
+                        .complete(&mut self.host, self.now, usize::from(n));
+                    if self.host.stats().commit_failures != failures {
+                        self.check_durable_state("after a refused commit");
+                    }
+                    self.drain(false);
+                }
+            }
+            Writes::Fail(n) => {
+                if self.drive.queued() > 0 {
+                    self.drive.fail(&mut self.host, self.now, usize::from(n));
+                    self.check_durable_state("after a failed group");
+                    self.drain(false);
+                }
+            }
+            Writes::Refuse(n) => self.host.store_mut().fail_next_commits(u32::from(n)),
+        }
+    }
+
+    /// Switches how the writer commits from now on; what it queued stays queued.
+    fn set_commits(&mut self, commits: Commits) {
+        self.commits = commits;
+        let old = std::mem::replace(&mut self.drive, drive(commits, self.close_at_once));
+        self.drive = old.commits(commits);
+    }
+
+    /// The writer catches up: every queued change is completed, in order, and from now on each
+    /// is committed as it comes out, so nothing is in flight between operations.
+    fn settle(&mut self) {
+        self.set_commits(Commits::Immediate);
+        while self.drive.queued() > 0 {
+            let failures = self.host.stats().commit_failures;
+            self.drive.complete(&mut self.host, self.now, usize::MAX);
+            if self.host.stats().commit_failures != failures {
+                self.check_durable_state("after a refused commit");
+            }
+            self.drain(false);
+        }
+        assert_eq!(self.host.changes_in_flight(), 0, "in flight once settled");
     }
 
     fn timeout(&mut self) {
         self.host.handle_timeout(self.now);
-        self.drain(None);
+        self.drain(false);
         if let Some(at) = self.host.poll_timeout() {
             assert!(
                 at > self.now.mono,
@@ -764,9 +925,21 @@ impl World {
         }
     }
 
-    fn restart(&mut self, fail_commits: u32) {
-        // What the chats' turns cost is recounted from the store as it was counted live.
-        let charged = self.host.chat_bytes_total();
+    /// The host stops and a new one starts over its store. A clean stop settles the writer
+    /// first (as the server's graceful stop does), so nothing is lost and every channel, binding
+    /// and chat charge is as it was; a crash loses whatever the writer had queued, and only
+    /// what was durable (everything any client was shown) survives.
+    fn restart(&mut self, fail_commits: u32, crash: bool) {
+        let before = if crash {
+            self.drive.crash();
+            None
+        } else {
+            let commits = self.commits;
+            self.settle();
+            self.set_commits(commits);
+            self.check_durable_state("at a clean stop");
+            Some((self.host.chat_bytes_total(), self.host.server_seq()))
+        };
         let host = std::mem::replace(
             &mut self.host,
             Host::new(self.config.clone(), MemStore::new(), 0).expect("host"),
@@ -776,13 +949,28 @@ impl World {
         self.seed += 1;
         self.host = Host::new(self.config.clone(), store, self.seed)
             .unwrap_or_else(|e| panic!("restart over the store failed: {e}"));
-        assert_eq!(
-            self.host.chat_bytes_total(),
-            charged,
-            "chat bytes after a restart"
+        // The new host numbers its changes from 1 again: a new writer, in the same mode.
+        self.drive = drive(self.commits, self.close_at_once);
+        assert!(
+            self.host.server_seq() >= self.revealed,
+            "a restarted host resumes at serverSeq {}, below {} already shown",
+            self.host.server_seq(),
+            self.revealed
         );
-        self.trace.extend_from_slice(b"restart\n");
+        if let Some((charged, server_seq)) = before {
+            // What the chats' turns cost is recounted from the store as it was counted live.
+            assert_eq!(
+                self.host.chat_bytes_total(),
+                charged,
+                "chat bytes after a restart"
+            );
+            assert!(self.host.server_seq() >= server_seq, "serverSeq went back");
+        }
+        assert_eq!(self.host.audit_chat_bytes(), Ok(()));
+        self.trace
+            .extend_from_slice(if crash { b"crash\n" } else { b"restart\n" });
         self.sends_this_host = 0;
+        self.traced_changes = (0, 0);
         // Every transport died with the old host.
         for (_, c) in &mut self.conns {
             *c = Conn::default();
@@ -800,99 +988,51 @@ impl World {
 
     fn send(&mut self, at: usize, text: &str) {
         self.strict &= envelope::is_strict_json(text.as_bytes());
-        let (conn, c) = &self.conns[at];
-        let conn = *conn;
-        // What the host must answer at once, by raw id ("null" for malformed input).
-        let (sync, relayed) = if c.live && !c.closing {
-            match envelope::classify(text.as_bytes()) {
-                Parsed::NotJson | Parsed::NotJsonRpc => (Some("null".to_owned()), false),
-                Parsed::Request { id, method, .. } => (Some(id), method == "clientService/request"),
-                _ => (None, false),
+        let conn = self.conns[at].0;
+        // A message counts only on a connection the host has not decided to close (its Close
+        // may still wait behind held frames).
+        let c = &self.conns[at].1;
+        let heard = c.live && !c.closing && !self.host.connection_closing(conn);
+        let parsed = envelope::classify(text.as_bytes());
+        // What the host must answer, by raw id ("null" for malformed input), and whether that
+        // answer may wait for another client (a relayed request).
+        let (expect, relayed) = match &parsed {
+            _ if !heard => (None, false),
+            Parsed::NotJson | Parsed::NotJsonRpc => (Some("null".to_owned()), false),
+            Parsed::Request { id, method, .. } => {
+                (Some(id.clone()), method == "clientService/request")
             }
-        } else {
-            (None, false)
+            _ => (None, false),
         };
+        let before = expect.as_ref().map(|id| {
+            let n = self.conns[at].1.pending.entry(id.clone()).or_default();
+            *n += 1;
+            *n
+        });
         self.host.handle(self.now, Input::Message { conn, text });
-        let answered = self.drain(Some((at, sync.clone())));
-        let (_, c) = &mut self.conns[at];
-        if let Some(id) = sync {
-            match (answered, relayed) {
-                (true, _) => {}
-                (false, true) if c.live && !c.closing => *c.pending.entry(id).or_default() += 1,
-                (false, _) => assert!(
-                    c.closing || !c.live,
-                    "no answer to request {id} on {conn:?}"
-                ),
+        // A service's answer is relayed verbatim: its result is the service's, not the host's.
+        self.drain(matches!(parsed, Parsed::Response { .. }));
+        let c = &self.conns[at].1;
+        if let (Some(id), Some(before)) = (expect, before) {
+            // Held answers leave once their change is durable: by now if nothing is in flight.
+            if self.drive.queued() == 0 && !relayed && c.live && !c.closing {
+                let left = c.pending.get(&id).copied().unwrap_or(0);
+                assert!(left < before, "no answer to request {id} on {conn:?}");
             }
         }
     }
 
-    /// Drains every output and checks it. `sync` is the sender and the id it must be answered
-    /// with at once; returns whether that answer came.
-    fn drain(&mut self, sync: Option<(usize, Option<String>)>) -> bool {
-        let mut waiting = sync.and_then(|(at, id)| id.map(|id| (at, id)));
-        let mut answered = false;
-        while let Some(output) = self.host.poll_output() {
+    /// Drains every output through the writer and checks it. `relaying`: the input was a
+    /// service's answer, whose result the host forwards unread.
+    fn drain(&mut self, relaying: bool) {
+        let mut outputs = Vec::new();
+        self.drive
+            .drain(&mut self.host, self.now, |out| outputs.push(out));
+        // Closes are followed from the outputs themselves.
+        let _ = self.drive.take_closed();
+        for output in outputs {
             match output {
-                Output::Send { conn, frame } => {
-                    self.sends_this_host += 1;
-                    self.trace
-                        .extend_from_slice(format!("send {} {}\n", conn.0, frame.len()).as_bytes());
-                    self.trace.extend_from_slice(frame.as_bytes());
-                    let at = self.index(conn);
-                    let c = &mut self.conns[at].1;
-                    assert!(c.live, "a frame for {conn:?}, which is closed");
-                    assert!(!c.closing, "a frame for {conn:?} after its Close");
-                    c.unflushed.push_back(frame.len() as u64);
-                    let bytes = frame.as_bytes();
-                    assert!(envelope::is_json(bytes), "a frame that is not JSON");
-                    if self.strict {
-                        assert!(
-                            envelope::is_strict_json(bytes),
-                            "a frame serde_json::Value cannot read, from strict input: {}",
-                            String::from_utf8_lossy(bytes)
-                        );
-                    }
-                    match envelope::classify(bytes) {
-                        Parsed::Response { id, .. } => {
-                            let mine = waiting
-                                .as_ref()
-                                .is_some_and(|(w, wid)| *w == at && *wid == id);
-                            if mine {
-                                waiting = None;
-                                answered = true;
-                            } else {
-                                let n = c.pending.get_mut(&id).unwrap_or_else(|| {
-                                    panic!(
-                                        "a response with id {id} that {conn:?} is not waiting for"
-                                    )
-                                });
-                                *n -= 1;
-                                if *n == 0 {
-                                    c.pending.remove(&id);
-                                }
-                            }
-                        }
-                        Parsed::Request { id, method, params } => {
-                            assert_eq!(method, "clientService/handleRequest");
-                            let id = id.parse::<u64>().expect("host request ids are integers");
-                            c.host_requests.push(id);
-                            assert!(params.is_some());
-                        }
-                        Parsed::Notification { method, params } => {
-                            self.learn(&method, params.as_deref());
-                        }
-                        other => panic!("the host sent {other:?}"),
-                    }
-                    if let Some(result) = serde_json::from_slice::<Value>(bytes)
-                        .ok()
-                        .and_then(|v| v.get("result").cloned())
-                    {
-                        if let Some(id) = result.get("serviceId").and_then(Value::as_str) {
-                            self.services.push(id.to_owned());
-                        }
-                    }
-                }
+                Output::Send { conn, frame } => self.sent(conn, frame.as_bytes(), relaying),
                 Output::Close { conn, code, reason } => {
                     self.trace.extend_from_slice(
                         format!("close {} {}\n", conn.0, code.code()).as_bytes(),
@@ -906,14 +1046,160 @@ impl World {
                     // A closing connection gets nothing more, answers included.
                     c.pending.clear();
                     if self.close_at_once {
-                        self.closed(at);
+                        // The drive reported `Closed` at once.
+                        *c = Conn::default();
                     }
+                }
+                Output::Commit(change) => {
+                    panic!("the drive passed change {} on uncommitted", change.number)
                 }
             }
         }
         self.check_queues();
         assert_eq!(self.host.stats().frames_out, self.sends_this_host);
-        answered
+        assert_eq!(
+            self.host.changes_in_flight(),
+            self.drive.queued(),
+            "the host's changes in flight are not the writer's queue"
+        );
+        let changes = (self.host.changes_issued(), self.host.changes_durable());
+        if changes != self.traced_changes {
+            self.traced_changes = changes;
+            self.trace
+                .extend_from_slice(format!("changes {} {}\n", changes.0, changes.1).as_bytes());
+        }
+    }
+
+    /// One frame the host sent, checked.
+    fn sent(&mut self, conn: ConnId, bytes: &[u8], relaying: bool) {
+        self.sends_this_host += 1;
+        self.trace
+            .extend_from_slice(format!("send {} {}\n", conn.0, bytes.len()).as_bytes());
+        self.trace.extend_from_slice(bytes);
+        let at = self.index(conn);
+        let c = &mut self.conns[at].1;
+        assert!(c.live, "a frame for {conn:?}, which is closed");
+        assert!(!c.closing, "a frame for {conn:?} after its Close");
+        c.unflushed.push_back(bytes.len() as u64);
+        assert!(envelope::is_json(bytes), "a frame that is not JSON");
+        if self.strict {
+            assert!(
+                envelope::is_strict_json(bytes),
+                "a frame serde_json::Value cannot read, from strict input: {}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+        match envelope::classify(bytes) {
+            Parsed::Response { id, .. } => {
+                let n = c.pending.get_mut(&id).unwrap_or_else(|| {
+                    panic!("a response with id {id} that {conn:?} is not waiting for")
+                });
+                *n -= 1;
+                if *n == 0 {
+                    c.pending.remove(&id);
+                }
+            }
+            Parsed::Request { id, method, params } => {
+                assert_eq!(method, "clientService/handleRequest");
+                let id = id.parse::<u64>().expect("host request ids are integers");
+                c.host_requests.push(id);
+                assert!(params.is_some());
+            }
+            Parsed::Notification { method, params } => {
+                self.learn(&method, params.as_deref());
+            }
+            other => panic!("the host sent {other:?}"),
+        }
+        // Frames that are not strict JSON (lone surrogates relayed verbatim) carry nothing the
+        // durability checks read.
+        let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
+            return;
+        };
+        if let Some(result) = v.get("result") {
+            if let Some(id) = result.get("serviceId").and_then(Value::as_str) {
+                self.services.push(id.to_owned());
+            }
+            if !relaying {
+                self.check_answer(result);
+            }
+        }
+        if v.get("method").and_then(Value::as_str) == Some("action") {
+            let raw = std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|f| f.strip_prefix(r#"{"jsonrpc":"2.0","method":"action","params":"#))
+                .and_then(|r| r.strip_suffix('}'));
+            self.check_event(&v["params"], raw);
+        }
+    }
+
+    /// `n` is shown to a client: the store's durable mark covers it (a restarted host resumes
+    /// above it).
+    fn covered(&mut self, n: u64, what: &str) {
+        let mark = self.host.store().server_seq();
+        assert!(
+            n <= mark,
+            "{what} shows serverSeq {n} above the durable mark {mark}"
+        );
+        self.revealed = self.revealed.max(n);
+    }
+
+    /// An action envelope is shown (live, or replayed with `raw` unknown): a rejection's or a
+    /// catalog event's number is covered; any other event is in the store, byte for byte.
+    fn check_event(&mut self, env: &Value, raw: Option<&str>) {
+        let seq = env
+            .get("serverSeq")
+            .and_then(Value::as_u64)
+            .expect("an action envelope without a serverSeq");
+        let channel = env.get("channel").and_then(Value::as_str).unwrap_or("");
+        self.covered(seq, "an action envelope");
+        if env.get("rejectionReason").is_some() || channel == CATALOG {
+            return;
+        }
+        let stored = self
+            .host
+            .store()
+            .event(seq)
+            .unwrap_or_else(|| panic!("event {seq} on {channel} shown before it is durable"));
+        let same = match raw {
+            Some(raw) => raw == &*stored.envelope,
+            None => {
+                serde_json::from_str::<Value>(&stored.envelope)
+                    .ok()
+                    .as_ref()
+                    == Some(env)
+            }
+        };
+        assert!(
+            same && &*stored.channel == channel,
+            "event {seq} on {channel} differs from the durable event {seq} on {}",
+            stored.channel
+        );
+    }
+
+    /// What the host's own answers show: the handshake's `serverSeq`, snapshots' `fromSeq`,
+    /// replayed envelopes.
+    fn check_answer(&mut self, result: &Value) {
+        let numbers = [
+            (result.get("serverSeq"), "a handshake"),
+            (result.pointer("/snapshot/fromSeq"), "a snapshot"),
+        ];
+        for (n, what) in numbers {
+            if let Some(n) = n.and_then(Value::as_u64) {
+                self.covered(n, what);
+            }
+        }
+        if let Some(snapshots) = result.get("snapshots").and_then(Value::as_array) {
+            for n in snapshots.iter().filter_map(|s| s.get("fromSeq")?.as_u64()) {
+                self.covered(n, "a snapshot");
+            }
+        }
+        if result.get("type").and_then(Value::as_str) == Some("replay") {
+            if let Some(actions) = result.get("actions").and_then(Value::as_array) {
+                for env in actions {
+                    self.check_event(env, None);
+                }
+            }
+        }
     }
 
     /// Service ids from catalog snapshots and changes.
@@ -932,23 +1218,74 @@ impl World {
         }
     }
 
+    /// The byte ledger: what the driver was handed and has not flushed is `queued_bytes`;
+    /// frames held for their change are `held_bytes` and never handed out; nothing is held once
+    /// nothing is in flight.
     fn check_queues(&self) {
+        let settled = self.host.changes_in_flight() == 0;
         for (conn, c) in &self.conns {
             let queued = self.host.queued_bytes(*conn);
+            let held = self.host.held_bytes(*conn);
+            let frames = self.host.held_frames(*conn);
             if c.live {
                 assert_eq!(
                     queued,
                     Some(c.unflushed.iter().sum()),
                     "queued_bytes of {conn:?}"
                 );
+                if frames == 0 {
+                    assert_eq!(held, Some(0), "{conn:?} holds bytes but no frames");
+                }
+                assert!(
+                    !settled || frames == 0,
+                    "{conn:?} holds {frames} frames with nothing in flight"
+                );
+                assert!(
+                    !c.closing || frames == 0,
+                    "{conn:?} holds {frames} frames after its Close"
+                );
             } else {
                 assert_eq!(queued, None, "{conn:?} is closed but still queued");
+                assert_eq!(held, None, "{conn:?} is closed but still holds");
             }
         }
     }
 
-    /// The end: every timeout fires, then every connection closes.
+    /// The host's state is the durable one: its channels, clientId bindings and chat charges
+    /// equal those of a host built from its store. Holds whenever nothing but a reservation is
+    /// in flight: right after a failure, once the writer settled.
+    fn check_durable_state(&self, when: &str) {
+        let fresh = Host::new(self.config.clone(), self.host.store().clone(), 0)
+            .unwrap_or_else(|e| panic!("{when}, the store does not load: {e}"));
+        let mut uris = vec![ROOT.to_owned()];
+        for s in SESSIONS {
+            uris.extend([
+                format!("ahp-session:/{s}"),
+                format!("ahp-chat:/{s}"),
+                format!("ahp-changeset:/{s}"),
+            ]);
+        }
+        for uri in &uris {
+            assert!(
+                self.host.channel_state(uri) == fresh.channel_state(uri),
+                "{when}, the host's {uri} is not the durable one"
+            );
+        }
+        assert!(
+            self.host.client_bindings().eq(fresh.client_bindings()),
+            "{when}, the clientId bindings are not the durable ones"
+        );
+        assert_eq!(
+            self.host.chat_bytes_total(),
+            fresh.chat_bytes_total(),
+            "{when}, the chats' charges are not the durable ones"
+        );
+    }
+
+    /// The end: the writer settles, every timeout fires, then every connection closes.
     fn finish(&mut self) {
+        self.settle();
+        self.check_durable_state("once the writer settled");
         let max = self
             .config
             .limits
@@ -973,7 +1310,7 @@ impl World {
         for at in 0..self.conns.len() {
             if self.conns[at].1.live {
                 self.closed(at);
-                self.drain(None);
+                self.drain(false);
             }
         }
         assert_eq!(self.host.connection_count(), 0);
@@ -988,16 +1325,23 @@ impl World {
             "relays outlived their callers"
         );
         assert!(self.host.poll_output().is_none());
+        assert_eq!(self.host.changes_in_flight(), 0);
         self.check_bindings();
         assert_eq!(self.host.audit_chat_bytes(), Ok(()));
+        self.check_durable_state("at the end");
     }
 
     /// The clientId bindings in memory are the ones the store holds, and no principal keeps
-    /// more idle ones than its quota.
+    /// more idle ones than its quota. Called with nothing in flight.
     fn check_bindings(&self) {
-        let held: Vec<_> = self.host.client_bindings().cloned().collect();
-        let stored = Store::load(&mut self.host.store().clone(), 0).map(|l| l.clients);
-        assert_eq!(Ok(held), stored, "bindings in memory differ from the store");
+        let held: Vec<_> = self.host.client_bindings().cloned().map(Some).collect();
+        let stored: Vec<_> = self
+            .host
+            .store()
+            .records_of(Table::Client)
+            .map(|(_, value)| ClientRecord::parse(value))
+            .collect();
+        assert_eq!(held, stored, "bindings in memory differ from the store");
         for i in 0..PRINCIPALS {
             let id = principal(i).id;
             assert!(

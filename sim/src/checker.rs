@@ -11,8 +11,9 @@
 //!    (the catalog differs per observer; every other channel is the same for all);
 //! 2. the subscriptions the host holds for a connection match what the client asked for;
 //! 3. the driver's unflushed bytes equal `host.queued_bytes` (byte accounting, both ends);
-//! 4. `host.server_seq()` never decreases, even across restarts, and never runs ahead of the
-//!    store; after a restart every session is still there with the same state;
+//! 4. `host.server_seq()` never decreases within a host's life, and a restarted host resumes at
+//!    or above every number ever revealed; after a clean restart every session is still there
+//!    with the same state (a killed host loses only what was never revealed);
 //! 5. no frame follows a `Close`, and nothing is sent to a connection the host never saw;
 //! 6. the `startedAt` of every accepted `chat/turnStarted` the host sends never goes back, within
 //!    one host lifetime or across restarts (the core keeps a wall-clock high-water mark and a
@@ -22,17 +23,23 @@
 //!    their caller, with the documented code for the reason the cause carries; notifications are
 //!    forwarded at most once, only to the owner, in order, never answered; the pending table,
 //!    its deadlines and the registry equal the model. See [`crate::services`].
-//! 8. the host's clientId bindings are the store's, and no principal keeps more bindings that
-//!    never dispatched than `idle_client_ids_per_principal`; a restart keeps every one.
+//! 8. the host's clientId bindings are the store's whenever nothing is in flight, and no
+//!    principal keeps more bindings that never dispatched than `idle_client_ids_per_principal`;
+//!    a clean restart keeps every one.
+//! 9. durability, frame by frame ([`crate::durability`]): nothing revealed before it is durable,
+//!    a failed batch leaves no trace, a restart never goes below what was revealed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use axhost_core::{ClientRecord, ConnId, Host, HostConfig, Input, Output, Principal};
+use axhost_core::{
+    ClientRecord, ConnId, Host, HostConfig, Input, MemStore, Output, Principal, Table,
+};
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
 
 use crate::client::SimClient;
+use crate::durability::DurabilityOracle;
 use crate::net::SimNet;
 use crate::replica::{difference, first_difference, CATALOG};
 use crate::services::ServiceModel;
@@ -122,7 +129,7 @@ pub struct Checker {
     hasher: Sha256,
     /// Frames and closes hashed so far.
     pub outputs: u64,
-    /// Highest `host.server_seq()` seen, across restarts.
+    /// Highest `host.server_seq()` seen in this host's life.
     server_seq_high: u64,
     /// Connections the current host was told about and not yet told are closed.
     open: BTreeSet<ConnId>,
@@ -135,12 +142,17 @@ pub struct Checker {
     compared: BTreeMap<(usize, String), (u64, u64)>,
     /// Comparisons actually made (for the report).
     pub comparisons: u64,
-    /// Latest `startedAt` (Unix ms) handed out by the current host, and by any host.
-    started_high: (i64, i64),
+    /// Latest `startedAt` (Unix ms) each connection of the current host was shown; the latest
+    /// any connection of the current host was shown; the latest any earlier host showed.
+    /// Frames held for the disk leave connection by connection, so only each connection's
+    /// own order is the order the host decided in.
+    started_high: (BTreeMap<ConnId, i64>, i64, i64),
     /// `startedAt` values older than one an earlier host handed out.
     pub clock_regressions: u64,
     /// The reference model of client services.
     pub services: ServiceModel,
+    /// The durability oracles.
+    pub durability: DurabilityOracle,
 }
 
 impl Default for Checker {
@@ -162,9 +174,10 @@ impl Checker {
             cache_epoch: u64::MAX,
             compared: BTreeMap::new(),
             comparisons: 0,
-            started_high: (i64::MIN, i64::MIN),
+            started_high: (BTreeMap::new(), i64::MIN, i64::MIN),
             clock_regressions: 0,
             services: ServiceModel::new(config),
+            durability: DurabilityOracle::default(),
         }
     }
 
@@ -178,11 +191,13 @@ impl Checker {
         let fresh = self.open.insert(conn);
         assert!(fresh, "simulator reused {conn:?}");
         self.services.connected(conn, client_id, principal);
+        self.durability.connected(conn, client_id, principal);
     }
 
     /// The driver is about to feed `input` at `now_ms`; its outputs follow, then [`Checker::fed`].
-    pub fn feeding(&mut self, input: &Input<'_>, now_ms: u64) {
-        self.services.feeding(input, now_ms);
+    pub fn feeding(&mut self, input: &Input<'_>, now_ms: u64, host: Option<&Host<SimStore>>) {
+        self.services.feeding(input, now_ms, host);
+        self.durability.feeding(input);
     }
 
     /// The driver is about to fire the host's timers at `now_ms`.
@@ -200,19 +215,26 @@ impl Checker {
     pub fn closed(&mut self, conn: ConnId) {
         self.open.remove(&conn);
         self.closing.remove(&conn);
+        self.durability.closed(conn);
     }
 
     /// The host process died: its connections are gone with it.
     pub fn restarted(&mut self) {
         self.open.clear();
         self.closing.clear();
-        self.started_high.0 = i64::MIN;
+        let life = std::mem::take(&mut self.started_high.0);
+        self.started_high.2 = self.started_high.2.max(self.started_high.1);
+        self.started_high.1 = i64::MIN;
+        drop(life);
+        self.server_seq_high = 0;
         self.hasher.update(b"R");
         self.services.restarted();
+        self.durability.restarted();
     }
 
-    /// Hashes one output and checks it may be sent at all.
-    pub fn on_output(&mut self, out: &Output) -> Result<(), String> {
+    /// Hashes one output and checks it may be sent at all, and (a frame) that it reveals
+    /// nothing `store` does not hold.
+    pub fn on_output(&mut self, out: &Output, store: &MemStore) -> Result<(), String> {
         self.outputs += 1;
         match out {
             Output::Send { conn, frame } => {
@@ -228,7 +250,8 @@ impl Checker {
                 if self.closing.contains(conn) {
                     return Err(format!("frame for {conn:?} after the host closed it"));
                 }
-                self.wall_clock(frame.as_str())?;
+                self.wall_clock(*conn, frame.as_str())?;
+                self.durability.on_send(*conn, frame.as_str(), store)?;
             }
             Output::Close { conn, code, .. } => {
                 self.hasher.update(b"C");
@@ -243,6 +266,12 @@ impl Checker {
                     return Err(format!("{conn:?} closed twice"));
                 }
             }
+            Output::Commit(change) => {
+                self.hasher.update(b"K");
+                self.hasher.update(change.number.to_le_bytes());
+                self.hasher.update(change.generation.to_le_bytes());
+                self.hasher.update(change.server_seq.to_le_bytes());
+            }
         }
         self.services.observe(out);
         Ok(())
@@ -250,7 +279,7 @@ impl Checker {
 
     /// Invariant 6: turn start times handed out never go back, within a host lifetime or across
     /// restarts.
-    fn wall_clock(&mut self, frame: &str) -> Result<(), String> {
+    fn wall_clock(&mut self, conn: ConnId, frame: &str) -> Result<(), String> {
         if !frame.contains("\"chat/turnStarted\"") || frame.contains("\"rejectionReason\"") {
             return Ok(());
         }
@@ -264,19 +293,21 @@ impl Checker {
         };
         let ms = crate::client::unix_ms(text)
             .ok_or_else(|| format!("startedAt {text:?} is not RFC 3339 UTC"))?;
-        let (life, ever) = self.started_high;
-        if ms < life {
-            return Err(format!("startedAt {text} is older than a start time this host already handed out ({life} ms)"));
+        let mine = self.started_high.0.entry(conn).or_insert(i64::MIN);
+        if ms < *mine {
+            return Err(format!("startedAt {text} is older than a start time this connection was already shown ({mine} ms)"));
         }
+        *mine = ms;
         // Across restarts too: the host resumes its wall-clock mark from the timestamps it
-        // stored, and every accepted startedAt was stored with its event.
+        // stored, and every startedAt a client saw was durable with its event.
+        let ever = self.started_high.2;
         if ms < ever {
             self.clock_regressions += 1;
             return Err(format!(
                 "startedAt {text} is older than one handed out before a restart ({ever} ms)"
             ));
         }
-        self.started_high = (ms, ever.max(ms));
+        self.started_high.1 = self.started_high.1.max(ms);
         Ok(())
     }
 
@@ -307,7 +338,7 @@ impl Checker {
         }
         for client in clients {
             self.subscriptions(host, net, client)?;
-            if quiescent(client, net) {
+            if quiescent(host, client, net) {
                 self.mirrors(host, client, epoch, false)?;
             }
         }
@@ -325,7 +356,7 @@ impl Checker {
         self.host_cache.clear();
         self.cache_epoch = u64::MAX;
         for client in clients.iter().filter(|c| c.connection.is_some()) {
-            if !quiescent(client, net) {
+            if !quiescent(host, client, net) {
                 return Err(format!(
                     "client {} is not quiescent after settling",
                     client.index
@@ -345,12 +376,6 @@ impl Checker {
             ));
         }
         self.server_seq_high = seq;
-        let stored = host.store().mem().server_seq();
-        if seq > stored {
-            return Err(format!(
-                "host serverSeq {seq} is ahead of the store's {stored}"
-            ));
-        }
         Ok(())
     }
 
@@ -383,7 +408,7 @@ impl Checker {
         let Some(c) = &client.connection else {
             return Ok(());
         };
-        if net.link(c.conn).is_none_or(|l| l.host_closed) {
+        if net.link(c.conn).is_none_or(|l| l.host_closed) || host.connection_closing(c.conn) {
             // A connection the host is closing observes nothing: the host drops its
             // subscriptions at once, while the client learns of the close only later.
             return Ok(());
@@ -448,13 +473,20 @@ impl Checker {
         Ok(())
     }
 
-    /// After a restart: the sequence did not go back and every channel is as it was.
+    /// After a restart: no revealed number is above the new host's, and after a clean one
+    /// (`before` given: nothing was lost) every channel and binding is as it was.
     pub fn after_restart(
         &mut self,
-        before: &Durable,
+        before: Option<&Durable>,
         host: &Host<SimStore>,
         session_ids: &[String],
     ) -> Result<(), String> {
+        self.durability.after_restart(host.server_seq())?;
+        self.host_cache.clear();
+        self.cache_epoch = u64::MAX;
+        let Some(before) = before else {
+            return self.sequence(host);
+        };
         let after = Durable::capture(host, session_ids);
         if after.server_seq < before.server_seq {
             return Err(format!(
@@ -493,18 +525,24 @@ impl Checker {
     }
 }
 
-/// Whether `client` has received everything the host sent it: initialized, its link open and
-/// nothing in flight towards it. Only then must its replicas equal the host's states.
+/// The clientId bindings `store` holds, in clientId order.
+pub fn stored_bindings(store: &MemStore) -> Vec<ClientRecord> {
+    store
+        .records_of(Table::Client)
+        .filter_map(|(_, v)| ClientRecord::parse(v))
+        .collect()
+}
+
 /// Invariant 8, during a run.
 fn bindings(host: &Host<SimStore>) -> Result<(), String> {
-    let held = host.client_bindings();
-    let stored = host.store().mem().client_records();
-    if !held.eq(stored) {
-        return Err(format!(
-            "clientId bindings differ from the store: host {:?}, store {:?}",
-            host.client_bindings().collect::<Vec<_>>(),
-            host.store().mem().client_records().collect::<Vec<_>>()
-        ));
+    if host.changes_in_flight() == 0 {
+        let stored = stored_bindings(host.store().mem());
+        if !host.client_bindings().eq(stored.iter()) {
+            return Err(format!(
+                "clientId bindings differ from the store: host {:?}, store {stored:?}",
+                host.client_bindings().collect::<Vec<_>>(),
+            ));
+        }
     }
     let quota = host.limits().idle_client_ids_per_principal as usize;
     let owners: BTreeSet<&str> = host.client_bindings().map(|c| c.owner.as_str()).collect();
@@ -519,11 +557,15 @@ fn bindings(host: &Host<SimStore>) -> Result<(), String> {
     Ok(())
 }
 
-fn quiescent(client: &SimClient, net: &SimNet) -> bool {
+/// Whether `client` has received everything the host sent it: initialized, nothing held for
+/// it, its link open and nothing in flight towards it. Only then must its replicas equal the
+/// host's states.
+fn quiescent(host: &Host<SimStore>, client: &SimClient, net: &SimNet) -> bool {
     let Some(c) = &client.connection else {
         return false;
     };
-    if !c.ready {
+    // Frames held for the disk are on their way too.
+    if !c.ready || host.held_frames(c.conn) > 0 {
         return false;
     }
     net.link(c.conn)

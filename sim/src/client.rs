@@ -92,6 +92,20 @@ pub enum Request {
 }
 
 impl Request {
+    /// Whether the host answers it at once, past frames it holds for the disk: `ping` and
+    /// the client-service calls depend on nothing durable.
+    pub fn passes_held_frames(&self) -> bool {
+        matches!(
+            self,
+            Request::Ping
+                | Request::RegisterService
+                | Request::UpdateService { .. }
+                | Request::UnregisterService { .. }
+        )
+    }
+}
+
+impl Request {
     fn name(&self) -> &'static str {
         match self {
             Request::Initialize { .. } => "initialize",
@@ -143,6 +157,9 @@ pub struct Connection {
     pub(crate) received: u64,
     /// The host answered `initialize` with -32005 (a close must follow).
     pub(crate) unsupported_version: bool,
+    /// A `-32603` for a failed commit arrived: a 1011 close may follow (the host rolled back
+    /// state this connection was shown).
+    pub(crate) rolled_back: bool,
     /// Client services this connection registered and has not unregistered.
     pub services: BTreeSet<String>,
     /// `clientService/request`s sent and not answered, by id. An id may be outstanding more
@@ -186,6 +203,7 @@ impl Connection {
             dispatches: BTreeMap::new(),
             received: 0,
             unsupported_version: false,
+            rolled_back: false,
             services: BTreeSet::new(),
             calls: BTreeMap::new(),
             handled: BTreeMap::new(),
@@ -268,6 +286,8 @@ pub struct ClientStats {
     pub applied: u64,
     /// Rejection echoes received.
     pub rejections: u64,
+    /// `dispatchAction` requests answered with an error (a refused request gets no echo).
+    pub dispatch_errors: u64,
     /// Of those, refusals by the chat limits (`chat_bytes_max`, `chat_bytes_total_max`).
     pub chat_limit_rejections: u64,
     /// Own dispatches seen accepted.
@@ -508,7 +528,13 @@ impl SimClient {
     }
 
     /// Records a dispatch about to be sent with `client_seq`.
-    pub(crate) fn dispatching(&mut self, client_seq: u64, channel: &Value, action: &Value) {
+    pub(crate) fn dispatching(
+        &mut self,
+        client_seq: u64,
+        channel: &Value,
+        action: &Value,
+        as_request: bool,
+    ) {
         self.client_seq_sent_max = self.client_seq_sent_max.max(client_seq);
         let identity = action_identity(channel.as_str().unwrap_or_default(), action);
         if let Some(a) = self.accepted.get_mut(&client_seq) {
@@ -517,7 +543,8 @@ impl SimClient {
                 a.sole = false;
             }
         }
-        if let Some(c) = self.connection.as_mut() {
+        // Only a notification may be refused with an echo; a request is refused with an error.
+        if let Some(c) = self.connection.as_mut().filter(|_| !as_request) {
             c.dispatches.entry(client_seq).or_default().push(identity);
         }
     }
@@ -574,6 +601,8 @@ impl SimClient {
             1008 if reason == "Unsupported protocol version" => (!c.unsupported_version)
                 .then(|| "closed for its protocol version without a -32005".to_owned()),
             1008 => None,
+            1011 if reason == "host state rolled back; reconnect" => (!c.rolled_back)
+                .then(|| "closed for a rollback without a -32603 before it".to_owned()),
             other => Some(format!("unexpected close code {other} ({reason})")),
         };
         self.disconnected();

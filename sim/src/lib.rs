@@ -27,7 +27,7 @@
 //!
 //! ## Shape (TigerBeetle's VOPR, FoundationDB's simulation)
 //! - [`Options::swarm`] draws the whole run from the seed: client count, latency, disconnect,
-//!   clog, restart and store-fault rates, shrunken [`axhost_core::Limits`] (a replay budget
+//!   clog, restart and store-fault rates, the disk's commit latency and faults, shrunken [`axhost_core::Limits`] (a replay budget
 //!   of 0–16 so reconnects take the snapshot path, a small outbound queue so slow consumers are
 //!   closed, short relay timeouts, small in-flight and payload limits), principals shared by
 //!   several clients, trust groups, and how service owners answer. The options are printed
@@ -42,6 +42,11 @@
 //! - [`options`]: the swarm and integer probabilities.
 //! - [`net`]: links, latency, clogs, the driver's byte ledger.
 //! - [`store`]: `MemStore` with buggify-style fault injection.
+//! - [`writer`]: the simulated writer of the asynchronous write path: group commits later, in
+//!   order, with seeded latency, slow and failed transactions, and crashes with commits in
+//!   flight; [`durability`]: the oracles that check every frame against the store (nothing
+//!   revealed before it is durable, a failed batch leaves no trace, a restart never goes below
+//!   what was revealed).
 //! - [`client`], [`script`], [`stream`], [`replica`]: the simulated clients, what they do,
 //!   what they check as frames arrive, and what they mirror.
 //! - [`roles`]: their client-services roles (caller, notifier, owner, forger).
@@ -54,6 +59,7 @@
 
 pub mod checker;
 pub mod client;
+pub mod durability;
 pub mod net;
 pub mod options;
 pub mod replica;
@@ -63,6 +69,7 @@ pub mod services;
 pub mod store;
 pub mod stream;
 pub mod world;
+pub mod writer;
 
 pub use checker::{Checker, Digest, Violation};
 pub use options::{Options, Ratio};

@@ -96,6 +96,22 @@ fn print_line(r: &Report) {
         r.counters.client_ids_released,
         r.chat_limit_rejections,
     );
+    let (c, d) = (&r.commits, &r.durability);
+    println!(
+        "  commits: transactions={} changes={} largest={} slow={} failed={} (changes {}) dropped={} lost={} crashes_in_flight={} frames_checked={} envelopes_checked={} failures_compared={}",
+        c.transactions,
+        c.changes,
+        c.largest,
+        c.slow,
+        c.failed,
+        c.failed_changes,
+        c.dropped,
+        c.lost,
+        c.crashes_in_flight,
+        d.frames_checked,
+        d.envelopes_checked,
+        d.failures_compared,
+    );
     if !r.services.is_empty() {
         println!("  services: {:?}", r.services);
     }
@@ -107,6 +123,8 @@ fn main() -> ExitCode {
     };
     let started = Instant::now();
     let (mut ok, mut steps, mut released, mut chat_limits) = (0u64, 0u64, 0u64, 0u64);
+    let mut commits = axhost_sim::writer::WriterStats::default();
+    let mut durability = axhost_sim::durability::DurabilityStats::default();
     let mut services: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failed: Vec<String> = Vec::new();
     for seed in args.seeds.clone() {
@@ -135,6 +153,17 @@ fn main() -> ExitCode {
                 ok += 1;
                 released += r.counters.client_ids_released;
                 chat_limits += r.chat_limit_rejections;
+                let c = &r.commits;
+                commits.transactions += c.transactions;
+                commits.changes += c.changes;
+                commits.slow += c.slow;
+                commits.failed += c.failed;
+                commits.dropped += c.dropped;
+                commits.lost += c.lost;
+                commits.crashes_in_flight += c.crashes_in_flight;
+                durability.frames_checked += r.durability.frames_checked;
+                durability.envelopes_checked += r.durability.envelopes_checked;
+                durability.failures_compared += r.durability.failures_compared;
                 for (k, v) in &r.services {
                     *services.entry(k).or_default() += v;
                 }
@@ -166,6 +195,20 @@ fn main() -> ExitCode {
         }
         println!("  {released:>9}  idle clientIds released");
         println!("  {chat_limits:>9}  chat actions refused: chat limits");
+        println!(
+            "  {:>9}  group commits ({} changes; {} slow, {} failed, {} changes dropped after a failure, {} lost in {} crashes with commits in flight)",
+            commits.transactions,
+            commits.changes,
+            commits.slow,
+            commits.failed,
+            commits.dropped,
+            commits.lost,
+            commits.crashes_in_flight
+        );
+        println!(
+            "  {:>9}  frames checked against the store ({} envelopes byte for byte; host compared with the store after {} failed commits)",
+            durability.frames_checked, durability.envelopes_checked, durability.failures_compared
+        );
     }
     if !failed.is_empty() {
         println!("{} seeds failed:", failed.len());

@@ -13,6 +13,8 @@ use axhost_core::Limits;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::writer::CommitProfile;
+
 /// An integer probability: `numerator` in `denominator`.
 #[derive(Copy, Clone, PartialEq, Eq)]
 pub struct Ratio {
@@ -189,8 +191,18 @@ pub struct Options {
     pub flush_delay_ms_max: u64,
     /// Mean time between host restarts, if restarts happen at all.
     pub restart_interval_ms: Option<u64>,
-    /// Per store call: the store refuses it (buggify: activated for some runs only).
+    /// Per store call: the store refuses it (buggify: activated for some runs only). A refused
+    /// commit fails the writer's whole transaction (a failed group commit).
     pub store_fault: Option<Ratio>,
+    /// How the simulated disk commits: latency, slow transactions, report delay, gathering.
+    pub commits: CommitProfile,
+    /// Per writer step with a transaction in flight: the host crashes within the next few
+    /// milliseconds (activated for some runs only), so crashes land between a transaction's
+    /// start, its durability and its report.
+    pub crash_in_flight: Ratio,
+    /// Per scheduled restart: the process is killed (changes in flight are lost) rather than
+    /// stopped cleanly (the writer finishes first).
+    pub restart_kills: Ratio,
     /// Wall clock behaviour.
     pub wall_drift: WallDrift,
     /// The host's limits, sometimes shrunk so limit paths run.
@@ -364,6 +376,9 @@ impl Options {
             store_fault: Ratio::new(1, 4)
                 .hit(rng)
                 .then(|| Ratio::new(rng.random_range(1..=3), 20)),
+            commits: CommitProfile::INSTANT,
+            crash_in_flight: Ratio::NEVER,
+            restart_kills: Ratio::NEVER,
             wall_drift,
             limits,
             mix,
@@ -390,7 +405,35 @@ impl Options {
             options.limits.chat_bytes_total_max = total;
             options.limits.chat_bytes_max = options.limits.chat_bytes_max.min(total);
         }
+        options.draw_commits(seed);
         options
+    }
+
+    /// The disk's behaviour, from a stream of its own (so the rest of every seed's profile
+    /// stays what it was before the write path became asynchronous).
+    fn draw_commits(&mut self, seed: u64) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xd15c_c0a1_e5ce_0000);
+        let latency_ms_min = rng.random_range(0..=2);
+        let latency_ms_max = latency_ms_min + [0, 1, 5, 20, 60][rng.random_range(0..5)];
+        let slow = Ratio::new(1, 3).hit(&mut rng);
+        self.commits = CommitProfile {
+            latency_ms_min,
+            latency_ms_max,
+            slow: if slow {
+                Ratio::new(rng.random_range(1..=3), 20)
+            } else {
+                Ratio::NEVER
+            },
+            slow_ms_max: rng.random_range(100..=3000),
+            report_ms_max: [0, 0, 1, 5][rng.random_range(0..4)],
+            gather_ms_max: [0, 0, 2, 10][rng.random_range(0..4)],
+        };
+        self.crash_in_flight = if Ratio::new(1, 4).hit(&mut rng) {
+            Ratio::new(1, rng.random_range(20..=120))
+        } else {
+            Ratio::NEVER
+        };
+        self.restart_kills = Ratio::new(rng.random_range(0..=2), 2);
     }
 
     /// A calm, fault-free configuration for scripted scenario tests: fixed latency, no random
@@ -414,6 +457,14 @@ impl Options {
             flush_delay_ms_max: 0,
             restart_interval_ms: None,
             store_fault: None,
+            // Commits complete later, as in production; scenarios that need another disk say so.
+            commits: CommitProfile {
+                latency_ms_min: 1,
+                latency_ms_max: 3,
+                ..CommitProfile::INSTANT
+            },
+            crash_in_flight: Ratio::NEVER,
+            restart_kills: Ratio::NEVER,
             wall_drift: WallDrift::None,
             limits: Limits::default(),
             mix: ActionMix {

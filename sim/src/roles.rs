@@ -45,8 +45,6 @@ const CALL_IDS: [&str; 7] = ["1", "2", "3", "4", "5", "\"1\"", "\"2\""];
 /// An outstanding call.
 #[derive(Clone, Debug)]
 pub struct Call {
-    /// Index of the message on its connection.
-    pub(crate) index: u64,
     /// The service id it named (for liveness reports).
     pub(crate) service: String,
 }
@@ -278,7 +276,6 @@ impl SimClient {
             return;
         };
         c.calls.entry(id.to_owned()).or_default().push(Call {
-            index: c.sent,
             service: service.to_owned(),
         });
         c.sent += 1;

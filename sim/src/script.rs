@@ -294,7 +294,7 @@ impl SimClient {
         action: Value,
         as_request: bool,
     ) {
-        self.dispatching(client_seq, &channel, &action);
+        self.dispatching(client_seq, &channel, &action, as_request);
         self.last_dispatch = Some((client_seq, channel.clone(), action.clone()));
         let params = json!({ "channel": channel, "clientSeq": client_seq, "action": action });
         if as_request {

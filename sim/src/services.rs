@@ -348,6 +348,8 @@ enum Cause {
     Flushed,
     Closed(ConnId),
     Timer,
+    /// The writer reported changes durable or failed: held frames leave now.
+    Commits,
 }
 
 /// What the model expects of the current call, decided before it ran.
@@ -400,6 +402,9 @@ pub struct ServiceModel {
     history: BTreeMap<u64, (ConnId, Option<End>)>,
     /// Highest sequence number forwarded per (sender connection, service).
     fifo: BTreeMap<(ConnId, String), u64>,
+    /// Requests (not client-service ones) whose answer the host holds for the disk: by
+    /// `(conn, id)`, their method. Their answer leaves with a later input.
+    deferred: BTreeMap<(ConnId, String), String>,
     cause: Cause,
     now_ms: u64,
     sent: Vec<Sent>,
@@ -446,6 +451,7 @@ impl ServiceModel {
             by_caller: BTreeMap::new(),
             history: BTreeMap::new(),
             fifo: BTreeMap::new(),
+            deferred: BTreeMap::new(),
             cause: Cause::Idle,
             now_ms: 0,
             sent: Vec::new(),
@@ -479,15 +485,25 @@ impl ServiceModel {
         self.by_caller.clear();
         self.history.clear();
         self.fifo.clear();
+        self.deferred.clear();
         self.sent.clear();
         self.cause = Cause::Idle;
         self.stats = Stats::default();
     }
 
     /// The driver is about to feed `input` at `now_ms`.
-    pub fn feeding(&mut self, input: &Input<'_>, now_ms: u64) {
+    pub fn feeding(&mut self, input: &Input<'_>, now_ms: u64, host: Option<&Host<SimStore>>) {
         self.now_ms = now_ms;
         self.sent.clear();
+        // A connection the host decided to close ignores messages from then on, even while its
+        // close waits behind held frames (the model hears of the close only when it leaves).
+        if let (Input::Message { conn, .. }, Some(host)) = (input, host) {
+            if host.connection_closing(*conn) {
+                if let Some(p) = self.peers.get_mut(conn) {
+                    p.closing = true;
+                }
+            }
+        }
         self.cause = match input {
             Input::Connected { .. } => Cause::Connected,
             Input::Message { conn, text } => Cause::Message {
@@ -496,7 +512,11 @@ impl ServiceModel {
                 msg: parse_message(text.as_bytes()),
             },
             Input::Flushed { .. } => Cause::Flushed,
-            Input::Closed { conn } => Cause::Closed(*conn),
+            Input::Closed { conn } => {
+                self.deferred.retain(|(c, _), _| c != conn);
+                Cause::Closed(*conn)
+            }
+            Input::Durable { .. } | Input::CommitFailed { .. } => Cause::Commits,
         };
     }
 
@@ -512,6 +532,7 @@ impl ServiceModel {
         self.sent.push(match out {
             Output::Send { conn, frame } => classify(*conn, frame.as_bytes()),
             Output::Close { conn, .. } => Sent::Close { conn: *conn },
+            Output::Commit(_) => Sent::Other,
         });
     }
 
@@ -571,6 +592,14 @@ impl ServiceModel {
             };
         }
         let mut fx = self.effects(&cause, sent)?;
+        // A close the host decided in this call may wait behind held frames; the host releases
+        // what the connection held (services, calls) at the decision, so the model does too.
+        for (conn, p) in self.peers.iter_mut() {
+            if !p.closing && host.connection_closing(*conn) {
+                p.closing = true;
+                fx.closed.insert(*conn);
+            }
+        }
         if let Cause::Closed(conn) = cause {
             fx.closed.insert(conn);
         }
@@ -603,6 +632,27 @@ impl ServiceModel {
                 _,
             ) if !ignored => self.on_request(*conn, method, params.as_deref(), &mut fx)?,
             _ => {}
+        }
+        if let (
+            false,
+            Cause::Message {
+                conn,
+                msg: Message::Request { id, method, .. },
+                ..
+            },
+        ) = (ignored, &cause)
+        {
+            if fx.direct.is_none() && method != "clientService/request" {
+                self.deferred.insert((*conn, id.clone()), method.clone());
+                // The host decides a handshake when it handles it, and answers once what it
+                // shows is durable: the peer is ready from the decision on.
+                if method == "initialize" || method == "reconnect" {
+                    let ready = host.connection_ready(*conn);
+                    if let Some(p) = self.peers.get_mut(conn) {
+                        p.ready = ready;
+                    }
+                }
+            }
         }
         if fx.forwarded.is_some() || fx.notified.is_some() {
             return Err(format!(
@@ -641,6 +691,17 @@ impl ServiceModel {
                 Sent::Answer { conn, id, outcome } => {
                     if fx.direct.is_none() && asked == Some((conn, id.as_str())) {
                         fx.direct = Some(outcome);
+                    } else if let Some(method) = self.deferred.remove(&(conn, id.clone())) {
+                        // A held answer, released now: a handshake that succeeded makes the
+                        // peer ready, as the host made it when it accepted the handshake.
+                        let handshake = method == "initialize" || method == "reconnect";
+                        let ready = self.peers.get(&conn).is_some_and(|p| p.ready);
+                        if handshake && outcome.is_ok() && !ready {
+                            return Err(format!(
+                                "{conn:?}: {method} {id} answered with success, but the host had refused it"
+                            ));
+                        }
+                        fx.others += 1;
                     } else if let Some(h) = self.by_caller.remove(&(conn, id.clone())) {
                         let Some(f) = self.flights.remove(&h) else {
                             return Err(format!("model: no flight {h}"));
@@ -835,10 +896,10 @@ impl ServiceModel {
     }
 
     /// Whether a frame of about `bytes` to `conn` may have been dropped as overload: its queue
-    /// is over the soft limit, or the frame would cross the hard one. Read after the call, when
-    /// the queue holds at least what it held at the decision.
+    /// (sent and held frames alike) is over the soft limit, or the frame would cross the hard
+    /// one. Read after the call, when the queue holds at least what it held at the decision.
     fn overloaded(&self, host: &Host<SimStore>, conn: ConnId, bytes: usize) -> bool {
-        let q = host.queued_bytes(conn).unwrap_or(0);
+        let q = host.queued_bytes(conn).unwrap_or(0) + host.held_bytes(conn).unwrap_or(0);
         q > self.limits.queue_bytes_soft || q + bytes as u64 > self.limits.queue_bytes_hard
     }
 

@@ -2,13 +2,17 @@
 //!
 //! Faults live at the boundary, never in the core (FoundationDB's buggify, two stages): a run
 //! *activates* store faults with one probability (in `Options::swarm`), then each store call
-//! *fires* with another. A fired commit goes through `MemStore::fail_next_commits`, so the
-//! refusal comes from the reference store itself. The host must then answer with an error or a
-//! rejection and change nothing; the checker sees any drift between memory, clients and store.
+//! *fires* with another. The simulated writer ([`crate::writer`]) commits a whole group of
+//! changes through [`SimStore::commit_group`]: a fired fault refuses all of it, as a failed
+//! SQLite transaction writes nothing. The host must then roll back and answer with errors or
+//! rejections; the durability oracles ([`crate::durability`]) see any drift between memory,
+//! clients and store. A fired read fault fails a receipt or record read the host makes.
 
 use std::cell::Cell;
 
-use axhost_core::{Change, Loaded, MemStore, Receipt, Store, StoreError};
+use axhost_core::{
+    Bytes, Change, Commit, Event, Loaded, MemStore, Receipt, Store, StoreError, Table,
+};
 use rand_chacha::ChaCha8Rng;
 
 use crate::options::Ratio;
@@ -21,7 +25,7 @@ pub struct SimStore {
     /// Cleared in the liveness phase; a `Cell` because the world only sees `&SimStore`
     /// through `Host::store`.
     armed: Cell<bool>,
-    /// Commits to refuse no matter what (scripted tests); a `Cell` for the same reason.
+    /// Transactions to refuse no matter what (scripted tests); a `Cell` for the same reason.
     forced: Cell<u32>,
     /// Calls refused so far.
     pub refused: u64,
@@ -45,7 +49,7 @@ impl SimStore {
         self.armed.set(false);
     }
 
-    /// Refuses the next `n` commits (scripted tests).
+    /// Refuses the next `n` transactions (scripted tests).
     pub fn fail_next_commits(&self, n: u32) {
         self.forced.set(n);
     }
@@ -55,11 +59,40 @@ impl SimStore {
         &self.mem
     }
 
+    /// Commits `changes` in one transaction: all of them, in order, or (a fired fault, or a
+    /// forced one) none.
+    pub fn commit_group(&mut self, changes: &[Box<Change>]) -> Result<(), StoreError> {
+        let forced = self.forced.get();
+        if forced > 0 {
+            self.forced.set(forced - 1);
+            self.refused += 1;
+            return Err(StoreError("injected group commit failure".into()));
+        }
+        if self.fires() {
+            self.refused += 1;
+            return Err(StoreError("injected group commit failure".into()));
+        }
+        for change in changes {
+            // The reference store refuses only what it was told to (nothing here) and panics
+            // on an out-of-order change, which is a driver bug worth a violation.
+            self.mem.commit(change)?;
+        }
+        Ok(())
+    }
+
     fn fires(&mut self) -> bool {
         match self.fault {
             Some(ratio) if self.armed.get() => ratio.hit(&mut self.rng),
             _ => false,
         }
+    }
+
+    fn read_fault(&mut self) -> Result<(), StoreError> {
+        if self.fires() {
+            self.refused += 1;
+            return Err(StoreError("injected read failure".into()));
+        }
+        Ok(())
     }
 }
 
@@ -68,24 +101,22 @@ impl Store for SimStore {
         self.mem.load(events_tail_max)
     }
 
-    fn commit(&mut self, change: &Change) -> Result<(), StoreError> {
-        let forced = self.forced.get();
-        if forced > 0 {
-            self.forced.set(forced - 1);
-            self.refused += 1;
-            self.mem.fail_next_commits(1);
-        } else if self.fires() {
-            self.refused += 1;
-            self.mem.fail_next_commits(1);
-        }
-        self.mem.commit(change)
+    fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError> {
+        self.read_fault()?;
+        self.mem.receipt(owner, key)
     }
 
-    fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError> {
-        if self.fires() {
-            self.refused += 1;
-            return Err(StoreError("injected receipt read failure".into()));
-        }
-        self.mem.receipt(owner, key)
+    // Record and event reads rebuild state the host must have: a failure there is a crash by
+    // design (the host panics rather than serve state it cannot trust), so they never fail.
+    fn read_record(&mut self, table: Table, key: &str) -> Result<Option<Bytes>, StoreError> {
+        self.mem.read_record(table, key)
+    }
+
+    fn channel_events_after(
+        &mut self,
+        channel: &str,
+        after: u64,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.mem.channel_events_after(channel, after)
     }
 }

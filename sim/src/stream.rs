@@ -84,6 +84,11 @@ impl SimClient {
         let Some(c) = self.connection.as_mut() else {
             return Ok(());
         };
+        if let Err(e) = &outcome {
+            if error_code(e) == Some(-32603) {
+                c.rolled_back = true;
+            }
+        }
         if id.is_null() {
             if outcome.is_ok() {
                 return Err("a result with id null".into());
@@ -104,16 +109,19 @@ impl SimClient {
                     "response to id {key}, which is unknown or already answered"
                 ));
             };
-            let call = calls.remove(0);
+            calls.remove(0);
             if calls.is_empty() {
                 c.calls.remove(&key);
             }
-            // The host has processed the first call under this id, at least.
-            c.leaving.retain(|_, index| *index > call.index);
+            // Client-service answers depend on nothing durable and may overtake events the
+            // host still holds for the disk, so they prove nothing about `leaving`.
             return self.on_call_outcome(&key, outcome);
         };
-        // The host has processed every message up to this one.
-        c.leaving.retain(|_, index| *index > pending.index);
+        // The host has processed every message up to this one, and an answer to anything but
+        // a client-service call comes after everything the host queued before it.
+        if !pending.request.passes_held_frames() {
+            c.leaving.retain(|_, index| *index > pending.index);
+        }
         match pending.request {
             Request::Initialize {
                 subscriptions,
@@ -126,7 +134,15 @@ impl SimClient {
             Request::Subscribe { channel } => self.on_subscribe(&channel, outcome),
             Request::CreateSession { id } => self.on_create_session(id, outcome),
             Request::ListSessions { limit } => self.on_list_sessions(limit, outcome),
-            Request::Unsubscribe | Request::Dispatch | Request::Ping => match outcome {
+            Request::Dispatch => match outcome {
+                Ok(Value::Null) => Ok(()),
+                Err(_) => {
+                    self.stats.dispatch_errors += 1;
+                    Ok(())
+                }
+                Ok(other) => Err(format!("expected result null, got {other}")),
+            },
+            Request::Unsubscribe | Request::Ping => match outcome {
                 Ok(Value::Null) | Err(_) => Ok(()),
                 Ok(other) => Err(format!("expected result null, got {other}")),
             },

@@ -17,7 +17,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axhost_core::{ConnId, Host, HostConfig, Input, Instant, Now, Output, Principal, SessionScope};
+use axhost_core::{
+    Change, ConnId, Host, HostConfig, Input, Instant, Now, Output, Principal, SessionScope,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -28,6 +30,7 @@ use crate::options::{Options, Ratio, WallDrift};
 use crate::roles::Gossip;
 use crate::script::Intent;
 use crate::store::SimStore;
+use crate::writer::{Outcome, SimWriter, WriterStats};
 
 /// Wall-clock origin of every run: 2026-01-01T00:00:00Z.
 const EPOCH_MS: u64 = 1_767_225_600_000;
@@ -71,8 +74,10 @@ enum Event {
     Connect(usize),
     /// The driver reports bytes it wrote late.
     Flushed { conn: ConnId, bytes: u64 },
-    /// The host process restarts over its store.
+    /// The host process restarts over its store (cleanly or killed, drawn then).
     Restart,
+    /// The host process is killed with commits in flight.
+    Crash,
     /// The wall clock jumps.
     WallJump,
     /// A calm client retries a refused handshake on `conn`.
@@ -92,6 +97,7 @@ enum Event {
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Due {
     HostTimer,
+    Writer,
     Net(ConnId, Direction),
     Agenda(u64, u64),
 }
@@ -146,6 +152,10 @@ pub struct Report {
     pub store_faults: u64,
     /// Turn start times older than one an earlier host process handed out.
     pub clock_regressions: u64,
+    /// What the simulated writer did.
+    pub commits: WriterStats,
+    /// What the durability oracles checked.
+    pub durability: crate::durability::DurabilityStats,
     /// Client-services outcomes the checker saw, by kind.
     pub services: BTreeMap<&'static str, u64>,
 }
@@ -158,6 +168,8 @@ pub struct World {
     clock: SimClock,
     config: HostConfig,
     host: Option<Host<SimStore>>,
+    /// The driver's writer: commits the host's changes later, in order, in groups.
+    writer: SimWriter<Box<Change>>,
     net: SimNet,
     /// The clients.
     pub clients: Vec<SimClient>,
@@ -226,7 +238,12 @@ impl World {
             })
             .collect();
         let checker = Checker::new(&config);
+        // The writer draws from a stream of its own, so the rest of every seed's history stays
+        // what it was before commits became asynchronous.
+        let writer_rng = ChaCha8Rng::seed_from_u64(options.seed ^ 0x7717_e5c0_ffee_0001);
+        let writer = SimWriter::new(options.commits, writer_rng);
         let mut world = World {
+            writer,
             net: SimNet::new(net_rng, options.latency_ms_min, options.latency_ms_max),
             clock: SimClock {
                 mono_ms: 0,
@@ -320,7 +337,8 @@ impl World {
     fn feed(&mut self, input: Input<'_>) -> Result<(), Violation> {
         let now = self.clock.now();
         self.epoch += 1;
-        self.checker.feeding(&input, self.clock.mono_ms);
+        self.checker
+            .feeding(&input, self.clock.mono_ms, self.host.as_ref());
         self.host_mut()?.handle(now, input);
         self.fed()
     }
@@ -355,6 +373,9 @@ impl World {
         if let Some(deadline) = self.host.as_ref().and_then(|h| h.poll_timeout()) {
             offer(deadline.0, Due::HostTimer);
         }
+        if let Some(at) = self.writer.next_due() {
+            offer(at, Due::Writer);
+        }
         if let Some((at, conn, dir)) = self.net.earliest() {
             offer(at, Due::Net(conn, dir));
         }
@@ -381,6 +402,7 @@ impl World {
         }
         match due {
             Due::HostTimer => self.tick()?,
+            Due::Writer => self.run_writer()?,
             Due::Net(conn, Direction::ToHost) => self.deliver_to_host(conn)?,
             Due::Net(conn, Direction::ToClient) => self.deliver_to_client(conn)?,
             Due::Agenda(at, n) => {
@@ -404,14 +426,18 @@ impl World {
         result.map_err(|m| self.violation(m))
     }
 
-    /// Moves every host output into the network.
+    /// Moves every host output into the network, and every change to the writer.
     fn drain(&mut self) -> Result<(), Violation> {
         let now_ms = self.clock.mono_ms;
         loop {
             let Some(out) = self.host.as_mut().and_then(Host::poll_output) else {
                 return Ok(());
             };
-            if let Err(m) = self.checker.on_output(&out) {
+            let checked = match self.host.as_ref() {
+                Some(h) => self.checker.on_output(&out, h.store().mem()),
+                None => Ok(()),
+            };
+            if let Err(m) = checked {
                 return Err(self.violation(m));
             }
             if self.trace {
@@ -422,6 +448,12 @@ impl World {
                     Output::Close { conn, code, reason } => {
                         eprintln!("    host closes {conn:?}: {} {reason}", code.code())
                     }
+                    Output::Commit(change) => eprintln!(
+                        "    host commits change {} (generation {}, {} events)",
+                        change.number,
+                        change.generation,
+                        change.events.len()
+                    ),
                 }
             }
             let known = match out {
@@ -433,11 +465,56 @@ impl World {
                 Output::Close { conn, code, reason } => {
                     self.net.close_to_client(conn, code, reason, now_ms)
                 }
+                Output::Commit(change) => {
+                    self.writer
+                        .submit(change, now_ms)
+                        .map_err(|m| self.violation(m))?;
+                    true
+                }
             };
             if !known {
                 return Err(self.violation("output for a connection the driver no longer has"));
             }
         }
+    }
+
+    /// Does what the writer has due now: finishes a transaction against the store, takes what
+    /// is queued, and tells the host what it learned.
+    fn run_writer(&mut self) -> Result<(), Violation> {
+        let now_ms = self.clock.mono_ms;
+        let Some(host) = self.host.as_mut() else {
+            return Ok(());
+        };
+        let outcomes = self
+            .writer
+            .run_due(now_ms, |batch| host.store_mut().commit_group(batch));
+        self.report_outcomes(outcomes)?;
+        // A crash may land while a transaction is taken, done or reported (armed runs only).
+        if !self.liveness && self.writer.busy() && self.options.crash_in_flight.hit(&mut self.rng) {
+            let at = now_ms + self.rng.random_range(0..=3);
+            self.schedule(at, Event::Crash);
+        }
+        Ok(())
+    }
+
+    fn report_outcomes(&mut self, outcomes: Vec<Outcome>) -> Result<(), Violation> {
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Durable { through } => self.feed(Input::Durable { through })?,
+                Outcome::Failed { number } => {
+                    self.feed(Input::CommitFailed { number })?;
+                    let pool = self.options.session_ids();
+                    if let Some(host) = self.host.as_ref() {
+                        let result =
+                            self.checker
+                                .durability
+                                .after_failure(host, &self.config, &pool);
+                        result.map_err(|m| self.violation(m))?;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     fn deliver_to_host(&mut self, conn: ConnId) -> Result<(), Violation> {
@@ -589,11 +666,18 @@ impl World {
                 }
                 Ok(())
             }
+            Event::Crash => {
+                if self.liveness {
+                    return Ok(());
+                }
+                self.restart_with(true)
+            }
             Event::Restart => {
                 if self.liveness {
                     return Ok(());
                 }
-                self.restart()?;
+                let kill = self.options.restart_kills.hit(&mut self.rng);
+                self.restart_with(kill)?;
                 if let Some(interval) = self.options.restart_interval_ms {
                     let at = self.clock.mono_ms + self.rng.random_range(1..=2 * interval);
                     self.schedule(at, Event::Restart);
@@ -696,14 +780,59 @@ impl World {
         }
     }
 
-    /// Stops the host and starts a new one over the same store. Every connection dies with
-    /// the old process; the checker verifies nothing durable changed.
+    /// Stops the host cleanly (its writer finishes first) and starts a new one over the same
+    /// store. Every connection dies with the old process; the checker verifies nothing changed.
     pub fn restart(&mut self) -> Result<(), Violation> {
+        self.restart_with(false)
+    }
+
+    /// Kills the host with whatever is in flight, and starts a new one over the same store:
+    /// what was durable survives, the rest is gone.
+    pub fn crash(&mut self) -> Result<(), Violation> {
+        self.restart_with(true)
+    }
+
+    /// A clean stop: the writer finishes everything the host handed it, and the host hears
+    /// every outcome (and hands out whatever those lead to), until nothing is in flight. The
+    /// host's state is then the store's; returns it, to compare the restarted host with.
+    fn settle_writer(&mut self) -> Result<Option<Durable>, Violation> {
+        // Each round far enough ahead that every latency and report delay has passed; the clock
+        // itself does not move (the stop takes no simulated time).
+        let mut far = self.clock.mono_ms;
+        let mut rounds = 0u32;
+        while self.writer.busy() {
+            far += 1_000_000_000;
+            rounds += 1;
+            if rounds > 100_000 {
+                return Err(self.violation("the writer never settled for a clean stop"));
+            }
+            let Some(host) = self.host.as_mut() else {
+                break;
+            };
+            let outcomes = self
+                .writer
+                .run_due(far, |batch| host.store_mut().commit_group(batch));
+            self.report_outcomes(outcomes)?;
+        }
+        self.writer.crash();
+        let pool = self.options.session_ids();
+        Ok(self.host.as_ref().map(|h| Durable::capture(h, &pool)))
+    }
+
+    fn restart_with(&mut self, kill: bool) -> Result<(), Violation> {
+        if self.host.is_none() {
+            return Ok(());
+        }
+        let pool = self.options.session_ids();
+        let before = if kill {
+            self.writer.crash();
+            None
+        } else {
+            self.settle_writer()?
+        };
         let Some(host) = self.host.take() else {
             return Ok(());
         };
-        let pool = self.options.session_ids();
-        let before = Durable::capture(&host, &pool);
         self.counters.client_ids_released += host.stats().client_ids_released;
         let store = host.into_store();
         self.store_faults_before += store.refused;
@@ -725,7 +854,7 @@ impl World {
         let host = Host::new(self.config.clone(), store, host_seed)
             .map_err(|e| self.violation(format!("host failed to restart over its store: {e}")))?;
         self.epoch += 1;
-        let result = self.checker.after_restart(&before, &host, &pool);
+        let result = self.checker.after_restart(before.as_ref(), &host, &pool);
         self.host = Some(host);
         result.map_err(|m| self.violation(m))?;
         if self.options.autonomous || self.liveness {
@@ -760,6 +889,7 @@ impl World {
     pub fn settle(&mut self) -> Result<(), Violation> {
         self.liveness = true;
         self.net.heal();
+        self.writer.heal();
         if let Some(h) = &self.host {
             h.store().disarm();
         }
@@ -827,6 +957,7 @@ impl World {
         }
         let steps_max = self.steps + SETTLE_STEPS_MAX;
         while !self.net.is_idle()
+            || self.writer.busy()
             || self
                 .agenda
                 .values()
@@ -888,6 +1019,9 @@ impl World {
         if !self.net.is_idle() {
             return Some("frames in flight".into());
         }
+        if self.writer.busy() {
+            return Some("commits in flight".into());
+        }
         if self
             .agenda
             .values()
@@ -913,6 +1047,9 @@ impl World {
     fn quiet(&self) -> Option<String> {
         if !self.net.is_idle() {
             return Some("frames in flight".into());
+        }
+        if self.writer.busy() {
+            return Some("commits in flight".into());
         }
         if self.agenda.values().any(|e| {
             matches!(
@@ -991,6 +1128,8 @@ impl World {
             echoes: (sum(|c| c.stats.rejections), sum(|c| c.stats.accepted)),
             store_faults,
             clock_regressions: self.checker.clock_regressions,
+            commits: self.writer.stats.clone(),
+            durability: self.checker.durability.stats.clone(),
             chat_limit_rejections: sum(|c| c.stats.chat_limit_rejections),
             services: self.checker.services.tally.clone(),
         }

@@ -54,7 +54,19 @@ fn subscribe(w: &mut World, i: usize, channel: &str) {
     quiet(w);
 }
 
+/// A `dispatchAction` notification: accepted, it comes back as the echo; refused, as the
+/// rejection echo.
 fn dispatch(w: &mut World, i: usize, channel: &str, action: Value) {
+    w.with_client(i, |c| {
+        let seq = c.take_client_seq();
+        c.dispatch_with(seq, json!(channel), action, false);
+    });
+    quiet(w);
+}
+
+/// A `dispatchAction` request: accepted, `null` (and the echo to subscribers); refused, an
+/// error and no echo.
+fn dispatch_request(w: &mut World, i: usize, channel: &str, action: Value) {
     w.with_client(i, |c| {
         let seq = c.take_client_seq();
         c.dispatch_with(seq, json!(channel), action, true);
@@ -286,6 +298,38 @@ fn a_failed_commit_changes_nothing() {
     }
     create(&mut w, 0, "s1");
     assert_eq!(host_state(&w, "ahp-session:/s1"), None);
+    settle(&mut w);
+}
+
+/// A refused `dispatchAction` request gets a JSON-RPC error and no rejection echo (the AXP SDK
+/// dispatches this way; `null` beside an echo told it a refused action succeeded). A request
+/// whose change fails gets the error too.
+#[test]
+fn a_refused_dispatch_request_gets_an_error_and_no_echo() {
+    let mut w = world(1, |_| {});
+    connect(&mut w, 0);
+    create(&mut w, 0, "s0");
+    subscribe(&mut w, 0, CHAT);
+    dispatch_request(&mut w, 0, CHAT, turn_started("t1"));
+    assert_eq!(w.clients[0].stats.accepted, 1);
+    assert_eq!(w.clients[0].stats.dispatch_errors, 0);
+    // A second turn while one is running: refused.
+    dispatch_request(&mut w, 0, CHAT, turn_started("t2"));
+    assert_eq!(w.clients[0].stats.dispatch_errors, 1);
+    // An unknown channel: refused too (a notification would be dropped without an echo).
+    dispatch_request(&mut w, 0, "ahp-chat:/nosuch", cancelled("t1"));
+    assert_eq!(w.clients[0].stats.dispatch_errors, 2);
+    if let Some(h) = w.host() {
+        h.store().fail_next_commits(1);
+    }
+    dispatch_request(&mut w, 0, CHAT, cancelled("t1"));
+    assert_eq!(w.clients[0].stats.dispatch_errors, 3);
+    assert_eq!(
+        w.clients[0].stats.rejections, 0,
+        "requests are never echoed as refused"
+    );
+    dispatch_request(&mut w, 0, CHAT, cancelled("t1"));
+    assert_eq!(w.clients[0].stats.accepted, 2);
     settle(&mut w);
 }
 

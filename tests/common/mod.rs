@@ -659,6 +659,11 @@ impl Ws {
         self.ws.send(Message::text(text)).expect("send text frame");
     }
 
+    /// Sends a text frame; false if the connection is gone (for tests that kill the host).
+    pub fn try_send_text(&mut self, text: &str) -> bool {
+        self.ws.send(Message::text(text)).is_ok()
+    }
+
     pub fn send_json(&mut self, v: &Value) {
         self.send_text(&v.to_string());
     }

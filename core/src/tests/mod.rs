@@ -7,10 +7,11 @@ use serde_json::{json, Value};
 
 mod schema;
 mod services;
+mod write_path;
 
 use crate::{
-    ClientRecord, CloseCode, ConnId, Host, HostConfig, Input, Limits, MemStore, Now, Output,
-    Principal, Role, SessionScope,
+    ClientRecord, CloseCode, Commit, ConnId, Host, HostConfig, Input, Limits, MemStore, Now,
+    Output, Principal, Role, SessionScope, Table,
 };
 
 struct Harness {
@@ -18,6 +19,12 @@ struct Harness {
     now: u64,
     /// Added to the wall clock only, to model a clock that steps.
     wall_skew_ms: i64,
+    /// Whether changes wait in `queued` for `complete` / `fail_first` (a slow disk) instead
+    /// of being committed as they come out.
+    hold_commits: bool,
+    queued: std::collections::VecDeque<Box<crate::Change>>,
+    /// Changes of this generation or older are dropped: a failure rolled them back.
+    failed_generation: Option<u64>,
 }
 
 impl Harness {
@@ -30,6 +37,9 @@ impl Harness {
             host: Host::new(config, store, 42).expect("host"),
             now: 1_700_000_000_000,
             wall_skew_ms: 0,
+            hold_commits: false,
+            queued: Default::default(),
+            failed_generation: None,
         }
     }
 
@@ -104,9 +114,57 @@ impl Harness {
                 Output::Close { conn, code, .. } => {
                     out.push((conn.0, json!({ "close": code.code() })))
                 }
+                Output::Commit(change)
+                    if self
+                        .failed_generation
+                        .is_some_and(|g| change.generation <= g) => {}
+                Output::Commit(change) if self.hold_commits => self.queued.push_back(change),
+                Output::Commit(change) => {
+                    // A writer that keeps up: each change durable at once, in order.
+                    let now = self.now();
+                    let input = match self.host.store_mut().commit(&change) {
+                        Ok(()) => Input::Durable {
+                            through: change.number,
+                        },
+                        Err(_) => Input::CommitFailed {
+                            number: change.number,
+                        },
+                    };
+                    self.host.handle(now, input);
+                }
             }
         }
         out
+    }
+
+    /// Commits the first `n` queued changes as one group and reports them durable; returns
+    /// what that released.
+    fn complete(&mut self, n: usize) -> Vec<(u64, Value)> {
+        let mut through = None;
+        for _ in 0..n {
+            let Some(change) = self.queued.pop_front() else {
+                break;
+            };
+            self.host.store_mut().commit(&change).expect("commit");
+            through = Some(change.number);
+        }
+        if let Some(through) = through {
+            let now = self.now();
+            self.host.handle(now, Input::Durable { through });
+        }
+        self.drain()
+    }
+
+    /// Fails the group holding the first queued change (and drops the rest of its
+    /// generation, as writers do); returns what the host did about it.
+    fn fail_first(&mut self) -> Vec<(u64, Value)> {
+        let first = self.queued.front().expect("a change in flight").number;
+        let generation = self.queued.iter().map(|c| c.generation).max().unwrap_or(0);
+        self.queued.retain(|c| c.generation > generation);
+        self.failed_generation = Some(generation);
+        let now = self.now();
+        self.host.handle(now, Input::CommitFailed { number: first });
+        self.drain()
     }
 
     fn request(&mut self, conn: u64, id: u64, method: &str, params: Value) -> Value {
@@ -275,8 +333,12 @@ fn bound_ids(h: &mut Harness) -> Vec<String> {
 
 fn bindings_match_the_store(h: &mut Harness) -> Vec<(String, String, bool)> {
     let held: Vec<ClientRecord> = h.host.client_bindings().cloned().collect();
-    let mut stored = h.host.store().clone();
-    let stored = crate::Store::load(&mut stored, 0).expect("load").clients;
+    let stored: Vec<ClientRecord> = h
+        .host
+        .store()
+        .records_of(Table::Client)
+        .map(|(_, v)| ClientRecord::parse(v).expect("a stored binding"))
+        .collect();
     assert_eq!(held, stored);
     held.into_iter()
         .map(|c| (c.client_id, c.owner, c.dispatched))
@@ -359,13 +421,22 @@ fn a_refused_commit_releases_nothing() {
     store.fail_next_commits(1);
     let mut h = Harness::idle_quota(1, store);
     h.connect(2, Principal::maintainer("m"));
-    let r = h.initialize(2, 1, "b");
-    assert!(r.get("error").is_some(), "{r}");
+    let out = h.send(
+        2,
+        &json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"b"}}),
+    );
+    // The answer is the error a failed commit gets; the connection, made ready on a binding
+    // that is gone, is closed after it.
+    assert_eq!(out[0].1["error"]["code"], -32603, "{out:?}");
+    assert_eq!(out[1].1["close"], 1011, "{out:?}");
+    let now = h.now();
+    h.host.handle(now, Input::Closed { conn: ConnId(2) });
     assert_eq!(
         bindings_match_the_store(&mut h),
         [("a".to_owned(), "m".to_owned(), false)]
     );
-    let r = h.initialize(2, 2, "b");
+    h.connect(3, Principal::maintainer("m"));
+    let r = h.initialize(3, 2, "b");
     assert!(r.get("result").is_some(), "{r}");
     assert_eq!(
         bindings_match_the_store(&mut h),
@@ -555,7 +626,7 @@ fn a_retry_of_a_recent_dispatch_is_known_without_reading_the_store() {
     h.open_chat(&[]);
     h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
     let seq = h.host.server_seq();
-    h.host.store.fail_next_receipt_reads(1);
+    h.host.store_mut().fail_next_reads(1);
     assert!(
         h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"))
             .is_empty(),
@@ -564,7 +635,7 @@ fn a_retry_of_a_recent_dispatch_is_known_without_reading_the_store() {
     assert_eq!(h.host.server_seq(), seq);
     // A clientSeq the host has not committed lately is looked up in the store, and a read that
     // fails refuses it: the host cannot tell a retry from new work.
-    h.host.store.fail_next_receipt_reads(1);
+    h.host.store_mut().fail_next_reads(1);
     let out = h.dispatch(1, "ahp-chat:/s1", 2, turn("t2", "next"));
     assert_eq!(out.len(), 1);
     assert!(out[0].1["params"]["rejectionReason"].is_string());
@@ -577,22 +648,6 @@ fn a_retry_of_a_recent_dispatch_is_known_without_reading_the_store() {
         .dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"))
         .is_empty());
     assert_eq!(h.host.server_seq(), seq);
-}
-
-#[test]
-fn recent_dispatches_are_bounded_and_forget_the_oldest_first() {
-    let mut r = crate::dispatch::RecentDispatches::default();
-    for i in 0..crate::dispatch::RECENT_DISPATCHES_MAX + 10 {
-        r.insert("m", format!("dispatch:c1:{i}"), format!("f{i}"));
-    }
-    assert_eq!(r.len(), crate::dispatch::RECENT_DISPATCHES_MAX);
-    assert_eq!(r.get("m", "dispatch:c1:9"), None, "the oldest went first");
-    assert_eq!(r.get("m", "dispatch:c1:10"), Some("f10"));
-    // A key committed again takes its new fingerprint without growing the table.
-    r.insert("m", "dispatch:c1:10".into(), "g".into());
-    assert_eq!(r.get("m", "dispatch:c1:10"), Some("g"));
-    assert_eq!(r.len(), crate::dispatch::RECENT_DISPATCHES_MAX);
-    assert_eq!(r.get("other", "dispatch:c1:10"), None, "keyed by owner too");
 }
 
 #[test]
@@ -609,7 +664,9 @@ fn a_failed_commit_changes_nothing_and_tells_the_caller() {
     assert_eq!(out.len(), 1);
     assert!(out[0].1["params"]["rejectionReason"].is_string());
     assert_eq!(h.host.channel_state("ahp-chat:/s1"), before);
-    assert_eq!(h.host.server_seq(), 0);
+    // The failed change's numbers are skipped, never reused; the echo carries the current one.
+    assert_eq!(h.host.server_seq(), 2);
+    assert_eq!(out[0].1["params"]["serverSeq"], 2);
     assert_eq!(h.host.stats().commit_failures, 1);
     let r = h.create(1, "s2");
     assert_eq!(r["result"], Value::Null, "the next commit works again");
@@ -1179,8 +1236,12 @@ fn states_are_checkpointed_as_event_bytes_accumulate_and_replayed_after() {
     );
     let store = h.host.into_store();
     // The stored chat is a checkpoint: behind the live state, never ahead of it.
-    let stored: Value =
-        serde_json::from_str(store.record("ahp-chat:/s1").expect("chat record")).expect("json");
+    let stored: Value = serde_json::from_str(
+        store
+            .record_text(Table::State, "ahp-chat:/s1")
+            .expect("chat record"),
+    )
+    .expect("json");
     let stored_turns = stored["turns"].as_array().map_or(0, Vec::len);
     assert!(
         stored_turns > 0 && stored_turns < 40,
@@ -1378,8 +1439,12 @@ fn an_action_too_deep_to_store_is_refused_and_what_is_committed_loads_after_a_re
     let states: Vec<_> = channels.iter().map(|c| h.host.channel_state(c)).collect();
     let server_seq = h.host.server_seq();
     let store = h.host.into_store();
-    let stored: Value = serde_json::from_str(store.record("ahp-chat:/s1").expect("chat record"))
-        .expect("the checkpoint reads");
+    let stored: Value = serde_json::from_str(
+        store
+            .record_text(Table::State, "ahp-chat:/s1")
+            .expect("chat record"),
+    )
+    .expect("the checkpoint reads");
     assert!(
         stored["turns"]
             .as_array()
@@ -1453,7 +1518,7 @@ fn a_client_that_may_not_dispatch_costs_no_store_read() {
     let mut h = Harness::new();
     h.open_chat(&[]);
     h.init(2, observer("o"), "c2", &[]);
-    let reads = h.host.store().receipt_reads();
+    let reads = h.host.store().reads();
     for seq in 1..=5 {
         let out = h.dispatch(2, "ahp-chat:/s1", seq, turn("t1", "hi"));
         assert_eq!(
@@ -1477,10 +1542,10 @@ fn a_client_that_may_not_dispatch_costs_no_store_read() {
         deep_turn("t1", crate::ACTION_DEPTH_MAX + 1),
     );
     assert!(out[0].1["params"]["rejectionReason"].is_string());
-    assert_eq!(h.host.store().receipt_reads(), reads);
+    assert_eq!(h.host.store().reads(), reads);
     // A permitted action under a clientSeq not committed lately is looked up, once.
     h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
-    assert_eq!(h.host.store().receipt_reads(), reads + 1);
+    assert_eq!(h.host.store().reads(), reads + 1);
     assert_eq!(
         h.host.channel_state("ahp-chat:/s1").expect("chat")["activeTurn"]["id"],
         "t1"

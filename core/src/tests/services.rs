@@ -314,6 +314,7 @@ fn a_slow_owner_loses_notifications_but_keeps_its_connection() {
                     forwarded += 1;
                 }
                 crate::Output::Close { .. } => panic!("notifications never close a connection"),
+                crate::Output::Commit(_) => panic!("notifications change nothing durable"),
             }
         }
     }

@@ -24,7 +24,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axhost_core::{ConnId, Host, HostConfig, Input, MemStore, Now, Output, Principal, Stats};
+use axhost_core::{
+    Commit, ConnId, Host, HostConfig, Input, MemStore, Now, Output, Principal, Stats,
+};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
@@ -241,7 +243,8 @@ async fn core_task(
 }
 
 /// Carries out every decision the core made, in order. A close hands the writer its close frame
-/// (after the frames queued before it) and reports `Input::Closed` at once, as `io/` does.
+/// (after the frames queued before it) and reports `Input::Closed` at once, as `io/` does; a
+/// change is committed to the store at once and reported durable.
 fn drain(
     host: &mut Host<MemStore>,
     open: &mut BTreeMap<ConnId, mpsc::UnboundedSender<WriterCmd>>,
@@ -264,6 +267,18 @@ fn drain(
                     *p.closed.entry(conn.0).or_default() += 1;
                     p.core_closes.push((conn.0, code.code()));
                 }
+            }
+            Output::Commit(change) => {
+                // A writer that keeps up: each change committed at once, in order.
+                let input = match host.store_mut().commit(&change) {
+                    Ok(()) => Input::Durable {
+                        through: change.number,
+                    },
+                    Err(_) => Input::CommitFailed {
+                        number: change.number,
+                    },
+                };
+                host.handle(now, input);
             }
         }
     }

@@ -1,0 +1,178 @@
+//! Retry receipts: the fingerprint of a mutation and the cache of receipts the host wrote lately.
+//!
+//! A receipt is keyed `(owner, key)`: the principal that issued a mutation and its operation
+//! key (`dispatch:<clientId>:<clientSeq>` for AHP dispatches, the `operationId` for AXP
+//! commands). It holds the fingerprint of the mutation's canonical input and the result it got,
+//! so a retry (same key, same fingerprint) gets the same answer and changes nothing.
+//!
+//! The cache holds every receipt of a change still in flight (never evicted: the store does not
+//! have it yet) and the newest [`RECENT_RECEIPTS_MAX`] durable ones, so a retry that follows
+//! its original closely is answered without a store read. A failed change's receipts are
+//! forgotten; the store, which then holds the durable prefix, answers for their keys.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::canonical::hash_object;
+
+/// SHA-256 hex of the canonical form of `{method, params}`.
+pub(crate) fn fingerprint(method: &str, params: &Value) -> String {
+    hash_object(&json!({ "method": method, "params": params }))
+}
+
+/// Durable receipts the cache keeps beside those in flight (a few hundred bytes each).
+pub(crate) const RECENT_RECEIPTS_MAX: usize = 4096;
+
+/// A receipt as the cache knows it.
+#[derive(Clone, Debug)]
+pub(crate) struct Known {
+    pub(crate) fingerprint: String,
+    pub(crate) result: Arc<str>,
+    /// The change that wrote it: in flight while above the durable number.
+    pub(crate) change: u64,
+}
+
+/// The receipts written lately or in flight, by `(owner, key)`. A `BTreeMap`: the keys carry
+/// peer-chosen ids, and the core takes no seeded hasher's randomness.
+#[derive(Default)]
+pub(crate) struct RecentReceipts {
+    entries: BTreeMap<(String, String), Known>,
+    /// Insertion order, oldest first: `(key, change)`; an entry rewritten later appears again.
+    order: VecDeque<((String, String), u64)>,
+    /// The entries of changes not yet known durable, in change order.
+    pending: VecDeque<((String, String), u64)>,
+    /// Entries whose change is durable: the ones eviction may take.
+    durable: usize,
+    /// The newest durable change number the cache was told of.
+    durable_through: u64,
+}
+
+impl RecentReceipts {
+    pub(crate) fn get(&self, owner: &str, key: &str) -> Option<&Known> {
+        self.entries.get(&(owner.to_owned(), key.to_owned()))
+    }
+
+    /// Records a receipt written by change `change` (in flight).
+    pub(crate) fn insert(
+        &mut self,
+        owner: &str,
+        key: &str,
+        fingerprint: String,
+        result: Arc<str>,
+        change: u64,
+    ) {
+        let id = (owner.to_owned(), key.to_owned());
+        let known = Known {
+            fingerprint,
+            result,
+            change,
+        };
+        if let Some(old) = self.entries.insert(id.clone(), known) {
+            if old.change <= self.durable_through {
+                self.durable -= 1;
+            }
+        }
+        self.order.push_back((id.clone(), change));
+        self.pending.push_back((id, change));
+    }
+
+    /// Changes up to `through` are durable: their receipts may be evicted, oldest first, down
+    /// to the bound.
+    pub(crate) fn durable(&mut self, through: u64) {
+        if through <= self.durable_through {
+            return;
+        }
+        self.durable_through = through;
+        while self.pending.front().is_some_and(|(_, c)| *c <= through) {
+            if let Some((id, change)) = self.pending.pop_front() {
+                if self.entries.get(&id).is_some_and(|k| k.change == change) {
+                    self.durable += 1;
+                }
+            }
+        }
+        self.evict();
+    }
+
+    fn evict(&mut self) {
+        while self.durable > RECENT_RECEIPTS_MAX {
+            let Some((id, change)) = self.order.pop_front() else {
+                break;
+            };
+            // Order entries of a key rewritten since, or of a change still in flight, are
+            // stale or not evictable; the latter go back to the end of the line.
+            match self.entries.get(&id) {
+                Some(k) if k.change == change && change <= self.durable_through => {
+                    self.entries.remove(&id);
+                    self.durable -= 1;
+                }
+                Some(k) if k.change == change => self.order.push_back((id, change)),
+                _ => {}
+            }
+        }
+    }
+
+    /// Changes from `first` on failed: their receipts are forgotten.
+    pub(crate) fn forget_from(&mut self, first: u64) {
+        self.entries.retain(|_, k| k.change < first);
+        self.order.retain(|(_, change)| *change < first);
+        self.pending.retain(|(_, change)| *change < first);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_ignore_key_order() {
+        assert_eq!(
+            fingerprint("m", &json!({"x": 1, "y": 2})),
+            fingerprint("m", &json!({"y": 2, "x": 1}))
+        );
+        assert_ne!(
+            fingerprint("m", &json!({"x": 1})),
+            fingerprint("n", &json!({"x": 1}))
+        );
+    }
+
+    #[test]
+    fn receipts_in_flight_are_never_evicted_and_failed_ones_are_forgotten() {
+        let mut r = RecentReceipts::default();
+        let total = RECENT_RECEIPTS_MAX as u64 + 10;
+        for i in 1..=total {
+            r.insert("o", &format!("k{i}"), "f".into(), "null".into(), i);
+        }
+        // Nothing durable yet: everything is kept.
+        assert_eq!(r.len(), total as usize);
+        r.durable(5);
+        assert_eq!(r.len(), total as usize);
+        r.durable(total);
+        assert_eq!(r.len(), RECENT_RECEIPTS_MAX);
+        assert!(r.get("o", "k1").is_none());
+        assert!(r.get("o", &format!("k{total}")).is_some());
+        r.insert("o", "late", "f".into(), "null".into(), total + 1);
+        r.insert("o", "later", "f".into(), "null".into(), total + 2);
+        r.forget_from(total + 2);
+        assert!(r.get("o", "late").is_some());
+        assert!(r.get("o", "later").is_none());
+    }
+
+    #[test]
+    fn a_rewritten_key_keeps_its_newest_receipt() {
+        let mut r = RecentReceipts::default();
+        r.insert("o", "k", "old".into(), "null".into(), 1);
+        r.durable(1);
+        r.insert("o", "k", "new".into(), "null".into(), 2);
+        r.durable(2);
+        assert_eq!(r.get("o", "k").map(|k| k.fingerprint.as_str()), Some("new"));
+        r.forget_from(2);
+        assert!(r.get("o", "k").is_none());
+    }
+}

@@ -1,0 +1,293 @@
+//! Opening the database: the owner lock, private files, pragmas, the schema and its
+//! migrations.
+//!
+//! Migrations run in the schema transaction, so a file is either still at its old version or
+//! wholly at the new one:
+//! - version 1 lacked `clients.dispatched`: a binding dispatched if `last_client_seq > 0` or it
+//!   has a dispatch receipt (`dispatch:<id>:<seq>`) under its owner (`clientSeq` 0 leaves only
+//!   the receipt);
+//! - version 2 kept `records(key, value TEXT)` and `clients(id, owner, last_client_seq,
+//!   dispatched)` apart: records rows become `state` records, clients rows `client` records
+//!   holding the binding as the core writes it (`ClientRecord::to_record`).
+
+use std::ffi::OsString;
+use std::fs::{self, OpenOptions};
+use std::io;
+#[cfg(unix)]
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use axhost_core::{ClientRecord, Table};
+use rusqlite::{
+    params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior,
+};
+
+use super::{OpenError, BUSY_TIMEOUT, META_SERVER_SEQ};
+
+/// The schema this build writes and reads.
+pub const SCHEMA_VERSION: i64 = 3;
+
+const SCHEMA_SQL: &str = "
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS records(tbl TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY(tbl, key));
+CREATE TABLE IF NOT EXISTS events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_channel ON events(channel, seq);
+CREATE TABLE IF NOT EXISTS receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
+";
+
+/// Version 1 to 2 (see the module docs).
+const MIGRATE_1_TO_2: &str = "
+ALTER TABLE clients ADD COLUMN dispatched INTEGER NOT NULL DEFAULT 0;
+UPDATE clients SET dispatched = 1 WHERE last_client_seq > 0 OR EXISTS (
+    SELECT 1 FROM receipts r
+    WHERE r.owner = clients.owner AND substr(r.key, 1, length(clients.id) + 10) = 'dispatch:' || clients.id || ':'
+);
+";
+
+/// Version 2 to 3, first step: the old records table makes way for the typed one (its rows are
+/// copied over next, as `state` records, their text kept byte for byte).
+const MIGRATE_2_TO_3_RECORDS: &str = "
+ALTER TABLE records RENAME TO records_v2;
+CREATE TABLE records(tbl TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY(tbl, key));
+";
+
+/// `<path>.lock`, beside the database.
+pub(super) fn lock_path(path: &Path) -> PathBuf {
+    let mut s = OsString::from(path.as_os_str());
+    s.push(".lock");
+    PathBuf::from(s)
+}
+
+/// Creates `path` with mode 0600 if it does not exist, and tightens it to 0600 if it does.
+/// Creating it ourselves (rather than letting SQLite do it under the umask) means the file is
+/// never readable by others, not even for an instant.
+fn create_private(path: &Path) -> Result<(), OpenError> {
+    let io_err = |action: &'static str| {
+        move |source: io::Error| OpenError::Io {
+            path: path.to_owned(),
+            action,
+            source,
+        }
+    };
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let file = options.open(path).map_err(io_err("creating the file"))?;
+    #[cfg(unix)]
+    {
+        let mode = file
+            .metadata()
+            .map_err(io_err("reading permissions"))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+                .map_err(io_err("restricting permissions to 0600"))?;
+        }
+    }
+    drop(file);
+    Ok(())
+}
+
+/// Whether a SQLite error means another connection holds a lock we asked for without waiting.
+fn is_lock_conflict(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Takes the exclusive owner lock on `<path>.lock` (see the module docs of `sqlite`).
+pub(super) fn take_owner_lock(path: &Path) -> Result<Connection, OpenError> {
+    let lock = lock_path(path);
+    create_private(&lock)?;
+    let lock_ref = &lock;
+    let fail = |action: &'static str| {
+        move |source: rusqlite::Error| {
+            if is_lock_conflict(&source) {
+                OpenError::Locked {
+                    path: path.to_owned(),
+                }
+            } else {
+                OpenError::Sqlite {
+                    path: lock_ref.to_owned(),
+                    action,
+                    source,
+                }
+            }
+        }
+    };
+    let conn = Connection::open(&lock).map_err(fail("opening the lock database"))?;
+    conn.busy_timeout(Duration::ZERO)
+        .map_err(fail("setting busy_timeout on the lock"))?;
+    conn.execute_batch("CREATE TABLE IF NOT EXISTS owner(id INTEGER)")
+        .map_err(fail("preparing the lock database"))?;
+    conn.execute_batch("BEGIN EXCLUSIVE")
+        .map_err(fail("taking the owner lock"))?;
+    Ok(conn)
+}
+
+/// Opens the write connection: applies the pragmas and creates, checks or migrates the schema.
+pub(super) fn open_database(path: &Path) -> Result<Connection, OpenError> {
+    create_private(path)?;
+    let fail = |action: &'static str| {
+        move |source: rusqlite::Error| OpenError::Sqlite {
+            path: path.to_owned(),
+            action,
+            source,
+        }
+    };
+    let mut conn = Connection::open(path).map_err(fail("opening the database"))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(fail("setting busy_timeout"))?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(fail("reading the schema version"))?;
+    if version > SCHEMA_VERSION {
+        return Err(OpenError::NewerSchema {
+            path: path.to_owned(),
+            found: version,
+        });
+    }
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(fail("setting journal_mode=WAL"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(OpenError::Corrupt {
+            path: path.to_owned(),
+            problem: format!("journal_mode stayed {mode:?} instead of WAL"),
+        });
+    }
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(fail("setting synchronous=FULL"))?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(fail("setting foreign_keys=ON"))?;
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(fail("starting schema setup"))?;
+    match version {
+        0 => {
+            // Every version this code wrote is set in the same transaction as its tables, so
+            // tables without a version were made by something else.
+            let tables: i64 = tx
+                .query_row(
+                    "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'",
+                    [],
+                    |row| row.get(0),
+                )
+                .map_err(fail("reading the schema"))?;
+            if tables > 0 {
+                return Err(OpenError::Corrupt {
+                    path: path.to_owned(),
+                    problem: "tables without a schema version".into(),
+                });
+            }
+        }
+        1 => {
+            tx.execute_batch(MIGRATE_1_TO_2)
+                .map_err(fail("migrating the schema from version 1"))?;
+            migrate_2_to_3(&tx, path)?;
+        }
+        2 => migrate_2_to_3(&tx, path)?,
+        SCHEMA_VERSION => {}
+        _ => {
+            return Err(OpenError::Corrupt {
+                path: path.to_owned(),
+                problem: format!("schema version {version}"),
+            })
+        }
+    }
+    tx.execute_batch(SCHEMA_SQL)
+        .map_err(fail("creating the schema"))?;
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .map_err(fail("writing the schema version"))?;
+    tx.commit().map_err(fail("committing the schema"))?;
+    Ok(conn)
+}
+
+/// Version 2 to 3 (see the module docs). The bindings are rewritten in Rust, by the core's own
+/// `ClientRecord::to_record`, so a migrated binding is byte for byte what the core would write.
+fn migrate_2_to_3(tx: &Transaction<'_>, path: &Path) -> Result<(), OpenError> {
+    let fail = |action: &'static str| {
+        move |source: rusqlite::Error| OpenError::Sqlite {
+            path: path.to_owned(),
+            action,
+            source,
+        }
+    };
+    tx.execute_batch(MIGRATE_2_TO_3_RECORDS)
+        .map_err(fail("migrating records to version 3"))?;
+    tx.execute(
+        "INSERT INTO records(tbl, key, value) SELECT ?1, key, CAST(value AS BLOB) FROM records_v2",
+        params![Table::State.name()],
+    )
+    .map_err(fail("migrating records to version 3"))?;
+    let bindings = {
+        let mut stmt = tx
+            .prepare("SELECT id, owner, last_client_seq, dispatched FROM clients ORDER BY id")
+            .map_err(fail("reading version 2 client bindings"))?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, i64>(2)?,
+                    row.get::<_, bool>(3)?,
+                ))
+            })
+            .map_err(fail("reading version 2 client bindings"))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(fail("reading version 2 client bindings"))?
+    };
+    {
+        let mut insert = tx
+            .prepare("INSERT INTO records(tbl, key, value) VALUES (?1, ?2, ?3)")
+            .map_err(fail("migrating client bindings to version 3"))?;
+        for (client_id, owner, last, dispatched) in bindings {
+            let last_client_seq = u64::try_from(last).map_err(|_| OpenError::Corrupt {
+                path: path.to_owned(),
+                problem: format!("client binding {client_id:?} has a negative last_client_seq"),
+            })?;
+            let record = ClientRecord {
+                client_id,
+                owner,
+                last_client_seq,
+                dispatched,
+            }
+            .to_record();
+            let value = record.value.as_deref().unwrap_or_default();
+            insert
+                .execute(params![record.table.name(), record.key, value])
+                .map_err(fail("migrating client bindings to version 3"))?;
+        }
+    }
+    tx.execute_batch("DROP TABLE records_v2; DROP TABLE clients;")
+        .map_err(fail("dropping the version 2 tables"))?;
+    Ok(())
+}
+
+/// Why the `serverSeq` mark could not be read.
+pub(super) enum ReadSeqError {
+    Sqlite(rusqlite::Error),
+    Corrupt(String),
+}
+
+/// The committed `serverSeq` (0 for a new database).
+pub(super) fn read_server_seq(conn: &Connection) -> Result<u64, ReadSeqError> {
+    let text: Option<Option<String>> = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = ?1",
+            params![META_SERVER_SEQ],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(ReadSeqError::Sqlite)?;
+    match text.flatten() {
+        None => Ok(0),
+        Some(t) => t
+            .parse::<u64>()
+            .map_err(|_| ReadSeqError::Corrupt("meta.server_seq is not a number".to_owned())),
+    }
+}
