@@ -765,6 +765,41 @@ fn a_dispatch_request_is_answered_null_once_applied_and_with_an_error_when_refus
 }
 
 #[test]
+fn a_client_seq_past_the_safe_integers_is_refused_and_logs_nothing() {
+    // 2^63..2^64-1 once passed validation and failed in SQLite's signed column, with a warning
+    // logged per message; every clientSeq above 2^53-1 is now refused like any other
+    // out-of-range number, before it touches the store.
+    let host = HostProcess::start();
+    let (mut a, _) = host.ws_init("ca", &[]);
+    create_session(&mut a, "s1");
+    for seq in [json!(1u64 << 53), json!(1u64 << 63), json!(u64::MAX)] {
+        let params =
+            json!({"channel": "ahp-chat:/s1", "clientSeq": seq, "action": turn_started("t1", "x")});
+        let e = a.err("dispatchAction", params.clone());
+        assert_eq!(code(&e), -32602, "{seq}: {e}");
+        // The notification form is dropped: no echo, no rejection, nothing stored.
+        a.notify("dispatchAction", params);
+    }
+    a.expect_no_frame(300);
+    let chat = a.ok("subscribe", json!({"channel": "ahp-chat:/s1"}))["snapshot"]["state"].clone();
+    assert!(
+        chat.get("activeTurn").map_or(true, Value::is_null),
+        "{chat}"
+    );
+    let e = a.err(
+        "dispatchAction",
+        json!({"channel": "ahp-chat:/s1", "clientSeq": -1, "action": turn_started("t1", "x")}),
+    );
+    assert_eq!(code(&e), -32602, "{e}");
+    assert_eq!(
+        a.ok("dispatchAction", json!({"channel": "ahp-chat:/s1", "clientSeq": (1u64 << 53) - 1, "action": turn_started("t1", "x")})),
+        Value::Null
+    );
+    let stderr = host.stderr();
+    assert!(!stderr.contains("WARN"), "warnings logged: {stderr}");
+}
+
+#[test]
 fn unsubscribe_stops_delivery() {
     let host = HostProcess::start();
     let (mut admin, _) = host.ws_init("c-admin", &[]);

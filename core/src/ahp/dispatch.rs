@@ -42,6 +42,20 @@ struct DispatchParams<'a> {
     action: &'a RawValue,
 }
 
+/// The largest `clientSeq` accepted: JavaScript's largest safe integer, the bound every other
+/// count on the wire has. Larger numbers would not survive a JavaScript client, nor the
+/// store's signed 64-bit columns past 2^63.
+pub(crate) const CLIENT_SEQ_MAX: u64 = (1 << 53) - 1;
+
+fn check_client_seq(p: DispatchParams<'_>) -> Result<DispatchParams<'_>, RpcError> {
+    if p.client_seq > CLIENT_SEQ_MAX {
+        return Err(RpcError::invalid_params(format!(
+            "Invalid parameters: clientSeq must be an integer from 0 to {CLIENT_SEQ_MAX}"
+        )));
+    }
+    Ok(p)
+}
+
 /// How long a turn ran, by the host's clock, never negative.
 pub(crate) fn elapsed_ms(started_at: &str, now_ms: u64) -> i64 {
     let started = started_at
@@ -71,7 +85,7 @@ impl Sessions {
         id: Option<&str>,
         params: Option<&RawValue>,
     ) {
-        let p = match parse_params::<DispatchParams<'_>>(params) {
+        let p = match parse_params::<DispatchParams<'_>>(params).and_then(check_client_seq) {
             Ok(p) => p,
             Err(e) => {
                 match id {

@@ -1551,3 +1551,35 @@ fn a_client_that_may_not_dispatch_costs_no_store_read() {
         "t1"
     );
 }
+
+#[test]
+fn a_client_seq_beyond_the_safe_integers_is_refused_at_validation() {
+    let mut h = Harness::new();
+    h.open_chat(&[]);
+    let commits = h.host.store().commits();
+    for (id, seq) in [
+        (10, json!(1u64 << 53)),
+        (11, json!(u64::MAX)),
+        (12, json!(-1)),
+    ] {
+        let r = h.request(
+            1,
+            id,
+            "dispatchAction",
+            json!({"channel":"ahp-chat:/s1","clientSeq":seq,"action":turn("t1","x")}),
+        );
+        assert_eq!(r["error"]["code"], -32602, "{seq}: {r}");
+    }
+    assert_eq!(h.host.store().commits(), commits, "nothing was written");
+    let r = h.request(
+        1,
+        13,
+        "dispatchAction",
+        json!({"channel":"ahp-chat:/s1","clientSeq":(1u64 << 53) - 1,"action":turn("t1","x")}),
+    );
+    assert_eq!(
+        r["result"],
+        Value::Null,
+        "the largest safe integer is accepted: {r}"
+    );
+}
