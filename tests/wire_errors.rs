@@ -782,10 +782,7 @@ fn a_client_seq_past_the_safe_integers_is_refused_and_logs_nothing() {
     }
     a.expect_no_frame(300);
     let chat = a.ok("subscribe", json!({"channel": "ahp-chat:/s1"}))["snapshot"]["state"].clone();
-    assert!(
-        chat.get("activeTurn").map_or(true, Value::is_null),
-        "{chat}"
-    );
+    assert!(chat.get("activeTurn").is_none_or(Value::is_null), "{chat}");
     let e = a.err(
         "dispatchAction",
         json!({"channel": "ahp-chat:/s1", "clientSeq": -1, "action": turn_started("t1", "x")}),
