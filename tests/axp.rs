@@ -447,6 +447,13 @@ fn export_holds_seeds_actions_and_snapshots_that_rebuild_the_exchange() {
     assert_eq!(seed["resource"], exchange("s1"));
     assert_eq!(seed["session"], session("s1"));
     assert_eq!(seed["chat"], chat("s1"));
+    // Part-2 fields are present and empty.
+    for field in ["checkpoint", "compaction", "review", "verification"] {
+        assert_eq!(seed[field], Value::Null, "{field}: {seed}");
+        assert_eq!(snapshots[0]["state"][field], Value::Null, "{field}");
+    }
+    assert_eq!(seed["context"]["revision"], 0, "{seed}");
+    assert_eq!(seed["context"]["throughTurn"], 0, "{seed}");
 
     // The actions: only these four channels, in serverSeq order, none past serverSeq.
     let actions = x["actions"].as_array().expect("actions");
@@ -565,13 +572,28 @@ fn the_donor_may_regrant_and_a_limit_below_spending_is_refused() {
     let epoch = dock(&mut alice, "s1");
     start_turn(&mut admin, "s1", "t1");
     reserve(&mut alice, "s1", epoch, "t1", 500, 50);
+    // Tokens reported, USD charged from the reservation: costSource says so.
+    let mut reported = usage(300, 100, 0, 40);
+    reported["costSource"] = json!("reservation");
+    let mut bad = settle_params("s1", epoch, "t1", reported.clone(), "complete");
+    bad["usage"]["costSource"] = json!("guess");
+    assert_eq!(alice.axp_code("_axp/settle", bad), PARAMS);
     alice.axp(
         "_axp/settle",
-        settle_params("s1", epoch, "t1", usage(300, 100, 0, 40), "complete"),
+        settle_params("s1", epoch, "t1", reported.clone(), "complete"),
     );
+    let ex = state(&host, &exchange("s1"));
+    assert_eq!(ex["grants"]["g"]["spent"], allowance(400, 40, 1));
+    assert_eq!(ex["usage"][0]["usage"], reported, "{ex}");
+    // The chat's turn carries the tokens, with cost and sources under the AXP key.
+    let c = state(&host, &chat("s1"));
+    let u = &c["turns"][0]["usage"];
+    assert_eq!(u["inputTokens"], 300, "{c}");
+    assert_eq!(u["outputTokens"], 100, "{c}");
     assert_eq!(
-        state(&host, &exchange("s1"))["grants"]["g"]["spent"],
-        allowance(400, 40, 1)
+        u["_meta"]["org.axp.exchange"],
+        json!({"costMicros": 40, "source": "reported", "costSource": "reservation"}),
+        "{c}"
     );
     // Lowering the limit to what was spent is fine; below it is a budget error.
     let g = grant(&mut alice, "s1", "g", allowance(400, 40, 1));
@@ -623,6 +645,23 @@ fn a_truthful_overspend_is_recorded_and_revokes_the_grant() {
         ),
         BUDGET
     );
+    for (method, params) in [
+        (
+            "_axp/emit",
+            emit_params("s1", epoch, json!([markdown_part("t2", "p")])),
+        ),
+        (
+            "_axp/settle",
+            settle_params("s1", epoch, "t2", Value::Null, "complete"),
+        ),
+        ("_axp/release", fenced("s1", epoch)),
+    ] {
+        assert_eq!(alice.axp_code(method, params), BUDGET, "{method}");
+    }
+    // Nothing changed: the lease is still there, and the spending stays on record.
+    let after = state(&host, &exchange("s1"));
+    assert_eq!(after["lease"]["epoch"], epoch);
+    assert_eq!(after["grants"], ex["grants"]);
 }
 
 #[test]

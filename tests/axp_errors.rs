@@ -551,6 +551,15 @@ fn retry_receipts_return_the_stored_result_and_conflict_on_other_input() {
     assert_eq!(alice.ok("_axp/register", reg.clone()), registered);
     assert_eq!(alice.ok("_axp/claim", claim_once.clone()), lease);
     watch.expect_no_frame(300);
+    // A maintainer's dispatch too: replayed, it starts no second turn (run again, it would
+    // be refused: a turn is running).
+    let dispatch = json!({"channel": chat("s1"), "operationId": "dispatch-1",
+                          "action": turn_started("t1", "once")});
+    assert_eq!(admin.ok("_axp/dispatch", dispatch.clone()), Value::Null);
+    let (mut chat_watch, _) = connect_with(&host, OLGA, &[&chat("s1")]);
+    assert_eq!(admin.ok("_axp/dispatch", dispatch), Value::Null);
+    chat_watch.expect_no_frame(300);
+    watch.drain(200);
     let ex = state(&host, &exchange("s1"));
     assert_eq!(ex["discussion"].as_array().map(Vec::len), Some(1));
     assert_eq!(ex["epoch"], 1, "a replayed claim advanced the epoch");

@@ -703,3 +703,36 @@ fn blob_errors() {
         NOT_FOUND
     );
 }
+
+#[test]
+fn executor_output_is_charged_against_the_chat_limit_as_it_arrives() {
+    let host = cast().config("[limits]\nchat_bytes_max = 8192\n").start();
+    let mut admin = connect(&host, ADMIN);
+    create(&mut admin, "s1");
+    let mut alice = connect(&host, ALICE);
+    let epoch = dock(&mut alice, "s1");
+    start_turn(&mut admin, "s1", "t1");
+    reserve(&mut alice, "s1", epoch, "t1", 100, 0);
+    alice.axp(
+        "_axp/emit",
+        emit_params("s1", epoch, json!([markdown_part("t1", "p")])),
+    );
+    let chunk = "x".repeat(1024);
+    let mut refused = None;
+    for i in 0..16 {
+        let r = alice.call(
+            "_axp/emit",
+            with_op(
+                "_axp/emit",
+                emit_params("s1", epoch, json!([delta("t1", "p", &chunk)])),
+            ),
+        );
+        if r.get("error").is_some() {
+            refused = Some((i, code(&r)));
+            break;
+        }
+    }
+    let (i, c) = refused.expect("16 KiB of output fit an 8 KiB chat");
+    assert!(i >= 4, "refused after only {i} KiB");
+    assert_eq!(c, LIMIT);
+}
