@@ -363,6 +363,15 @@ fn assert_orphaned_after_restart(host: &HostProcess) {
     assert_eq!(chat["turns"].as_array().map(Vec::len), Some(1), "{chat}");
     let registry = state(host, EXECUTORS);
     assert_eq!(registry["entries"]["e"]["online"], false, "{registry}");
+    // The start-up orphaning is in the history too: the export's seed and actions rebuild it.
+    let x = export(host, "s1");
+    let mut rebuilt = x["seeds"][0]["state"].clone();
+    for e in x["actions"].as_array().expect("actions") {
+        if e["channel"] == exchange("s1") {
+            reduce_exchange(&mut rebuilt, &e["action"]);
+        }
+    }
+    assert_eq!(rebuilt, ex, "seed + actions != state after a restart");
 }
 
 #[test]

@@ -407,6 +407,43 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// A minimal exchange reducer for the part-1 actions (§4.2): enough to check that an
+/// export's seed plus its actions rebuild its snapshot.
+pub fn reduce_exchange(state: &mut Value, action: &Value) {
+    match action["type"].as_str().unwrap_or("") {
+        "_axp/commentAdded" => {
+            let list = state
+                .as_object_mut()
+                .expect("state")
+                .entry("discussion")
+                .or_insert_with(|| json!([]));
+            list.as_array_mut()
+                .expect("discussion")
+                .push(action["comment"].clone());
+        }
+        "_axp/leaseChanged" => {
+            state["lease"] = action["lease"].clone();
+            state["epoch"] = action["epoch"].clone();
+            state["status"] = action["status"].clone();
+        }
+        "_axp/grantChanged" => {
+            let id = action["grant"]["id"].as_str().expect("grant id").to_owned();
+            state["grants"][id] = action["grant"].clone();
+        }
+        "_axp/reserved" => state["reservation"] = action["reservation"].clone(),
+        "_axp/settled" => {
+            state["reservation"] = Value::Null;
+            let id = action["grant"]["id"].as_str().expect("grant id").to_owned();
+            state["grants"][id.as_str()] = action["grant"].clone();
+            state["usage"]
+                .as_array_mut()
+                .expect("usage")
+                .push(json!({"turnId": action["turnId"], "grantId": id, "usage": action["usage"]}));
+        }
+        other => panic!("unexpected exchange action {other}: {action}"),
+    }
+}
+
 // ─── Error suites ────────────────────────────────────────────────────────────
 
 /// A host with sessions `s1` and `s2`, alice holding a lease on `s1` (grant `g`, executor

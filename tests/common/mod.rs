@@ -659,6 +659,15 @@ impl Ws {
         })
     }
 
+    /// Lets this client read frames of up to `bytes` (tungstenite reads at most 16 MiB a frame
+    /// by default; a host may answer with one larger frame, e.g. a maximal AXP blob).
+    pub fn set_max_frame(&mut self, bytes: usize) {
+        self.ws.set_config(|c| {
+            c.max_frame_size = Some(bytes);
+            c.max_message_size = Some(bytes.max(c.max_message_size.unwrap_or(0)));
+        });
+    }
+
     pub fn send_text(&mut self, text: &str) {
         self.ws.send(Message::text(text)).expect("send text frame");
     }
