@@ -191,9 +191,17 @@ fn data_dir_or_default(dir: Option<PathBuf>) -> PathBuf {
 
 fn run_serve(listen: Option<SocketAddr>, dir: PathBuf) -> Result<(), String> {
     datadir::ensure_data_dir(&dir).map_err(|e| format!("data directory {}: {e}", dir.display()))?;
+    // The repository comes from the config (read only here; a missing file is the default), so
+    // the store can check it against the database's binding as it opens.
+    let repository = config::load(&dir)
+        .map_err(|e| e.to_string())?
+        .repository()
+        .to_owned();
     // The store's owner lock comes before anything is written: a second host on this directory
-    // stops here, before it could create a credential.
-    let store = SqliteStore::open(&datadir::db_path(&dir)).map_err(|e| e.to_string())?;
+    // stops here, before it could create a credential. So does a host configured for another
+    // repository than the one the database belongs to.
+    let store =
+        SqliteStore::open(&datadir::db_path(&dir), &repository).map_err(|e| e.to_string())?;
     let new_token = datadir::bootstrap(&dir).map_err(|e| e.to_string())?;
     let ready = Cell::new(false);
     let result = serve_store(listen, &dir, store, new_token.as_deref(), &ready);
@@ -221,15 +229,34 @@ fn serve_store(
     let listen = listen.or(cfg.listen).unwrap_or(default_listen);
     let seed = host_seed();
     tracing::debug!(seed, "host seed");
+    if cfg.repository() != store.repository() {
+        // The file changed between the two reads (bootstrap rewrites it); never serve a
+        // repository the database is not bound to.
+        return Err(format!(
+            "{}: repository changed to {:?} while starting (the database is bound to {:?})",
+            config::config_path(dir).display(),
+            cfg.repository(),
+            store.repository()
+        ));
+    }
+    let repository = store.repository().to_owned();
     let host_config = HostConfig {
         limits: cfg.limits.clone(),
         trust_groups: cfg.trust_groups.clone(),
         ..HostConfig::default()
     };
+    // Hooked up once the core's `HostConfig` has a `repository` (issue 32):
+    // `repository: repository.clone(),` above.
+    let _ = &repository;
     // The writer thread commits through one connection; the loop reads through the other.
     let (reads, writes) = store.split();
     let host = Host::new(host_config, reads, seed).map_err(|e| e.to_string())?;
-    tracing::info!(data_dir = %dir.display(), principals = cfg.principals.len(), "host ready");
+    tracing::info!(
+        data_dir = %dir.display(),
+        repository,
+        principals = cfg.principals.len(),
+        "host ready"
+    );
     let opts = ServeOptions {
         listen,
         credentials: Credentials::new(&cfg.principals),

@@ -3,6 +3,8 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:7331"          # optional
+//! repository = "acme/widgets"        # optional, default "default"; bound to the database on
+//!                                    #   first start, another name later is refused
 //! allowed_origins = ["https://x"]    # optional; absent = any Origin
 //! keepalive_ms = 30000               # optional; ping a silent WebSocket, close it after 2x; 0 = off
 //! [limits]                           # optional; any field of axhost_core::Limits or of
@@ -78,6 +80,12 @@ pub const COALESCE_US_DEFAULT: u64 = 20;
 /// and 200% of the configured one (`server/coalesce.rs`).
 pub const COALESCE_US_MAX: u64 = 200;
 
+/// The repository a host serves when `axhost.toml` names none.
+pub const REPOSITORY_DEFAULT: &str = "default";
+
+/// Longest repository name accepted.
+pub const REPOSITORY_LEN_MAX: usize = 128;
+
 impl HostFileConfig {
     /// The busy-polling budget to run with, in microseconds (0 = off).
     pub fn busy_poll(&self) -> u64 {
@@ -87,6 +95,11 @@ impl HostFileConfig {
     /// The read-coalescing gap to run with, in microseconds (0 = off).
     pub fn coalesce(&self) -> u64 {
         self.tuning.coalesce_us.unwrap_or(COALESCE_US_DEFAULT)
+    }
+
+    /// The repository this host serves: the file's `repository`, else [`REPOSITORY_DEFAULT`].
+    pub fn repository(&self) -> &str {
+        self.repository.as_deref().unwrap_or(REPOSITORY_DEFAULT)
     }
 
     /// The keepalive interval to run with, `None` when probing is off.
@@ -104,6 +117,10 @@ impl HostFileConfig {
 pub struct HostFileConfig {
     /// Address to listen on; `None` means the caller's default (`127.0.0.1:7331`).
     pub listen: Option<SocketAddr>,
+    /// The repository this host serves (`initialize` advertises it, every AXP exchange names
+    /// it); `None` uses [`REPOSITORY_DEFAULT`]. The store binds it to the database on first
+    /// start and refuses another name later. Checked by [`valid_repository`].
+    pub repository: Option<String>,
     /// Origins allowed to open a WebSocket; `None` allows any. A request without `Origin`
     /// (not from a browser) is always allowed.
     pub allowed_origins: Option<Vec<String>>,
@@ -220,6 +237,20 @@ impl std::error::Error for ConfigError {
             _ => None,
         }
     }
+}
+
+/// Whether `name` is an acceptable repository name: 1 to [`REPOSITORY_LEN_MAX`] characters of
+/// ASCII letters, digits and `.` `_` `/` `-`, starting with a letter or digit (so `acme/widgets`
+/// and `widgets-2.0` are names, and a name never starts with a separator or holds spaces,
+/// quotes or control characters that would garble a log line or an error message).
+pub fn valid_repository(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    let Some(first) = bytes.next() else {
+        return false;
+    };
+    name.len() <= REPOSITORY_LEN_MAX
+        && first.is_ascii_alphanumeric()
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'/' | b'-'))
 }
 
 /// The path of the config file in `data_dir`.

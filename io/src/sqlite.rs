@@ -7,8 +7,8 @@
 //! after that report).
 //!
 //! ## Two halves
-//! [`SqliteStore::open`] takes the owner lock, sets up or migrates the schema and opens two
-//! connections to the same WAL database. [`SqliteStore::split`] hands them out:
+//! [`SqliteStore::open`] takes the owner lock, sets up or migrates the schema, binds the
+//! repository and opens two connections to the same WAL database. [`SqliteStore::split`] hands them out:
 //! [`SqliteReader`] (`query_only`) is the core's [`axhost_core::Store`] on the event loop, and
 //! [`SqliteWriter`] commits on the writer thread (`crate::writer`), every change queued in one
 //! `BEGIN IMMEDIATE` transaction. A reader's statement sees every transaction committed before
@@ -24,7 +24,8 @@
 //! so a crash never leaves a stale lock behind (unlike a pid file).
 //!
 //! ## Schema (version 3, in `PRAGMA user_version`)
-//! - `meta(key, value)`: `server_seq` as decimal text.
+//! - `meta(key, value)`: `server_seq` as decimal text; `repository`, the repository name the
+//!   database belongs to.
 //! - `records(tbl, key, value)`: the core's typed records, keyed by the table's stable name
 //!   (`axhost_core::Table::name`) and the key; the value is a BLOB (JSON for every table so
 //!   far). New tables need no schema change.
@@ -33,6 +34,16 @@
 //!
 //! Older files are migrated in the schema transaction (`sqlite/schema.rs`). A database with a
 //! newer schema version is refused rather than guessed at.
+//!
+//! ## Repository binding
+//! A host serves one repository (`repository` in `axhost.toml`), and every AXP exchange it
+//! creates names it. The first open writes the name to `meta.repository` in the schema
+//! transaction, so a database is never without it once its schema exists; every later open
+//! must name the same repository or fails with [`OpenError::RepositoryMismatch`], before
+//! anything is read or written. (As in the AXP host, a database made by an older build, which
+//! has no name yet, is adopted by the first repository that opens it: such a build served no AXP
+//! exchanges that could name another.) Moving a database to another repository name is not
+//! supported: keep the name, or start a new data directory.
 
 mod reads;
 mod schema;
@@ -59,6 +70,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// The `meta` key holding the highest committed `serverSeq`.
 const META_SERVER_SEQ: &str = "server_seq";
+
+/// The `meta` key holding the repository the database belongs to.
+const META_REPOSITORY: &str = "repository";
 
 /// Why [`SqliteStore::open`] failed. Every message names the file.
 #[derive(Debug)]
@@ -94,6 +108,15 @@ pub enum OpenError {
         /// SQLite's error.
         source: rusqlite::Error,
     },
+    /// The database belongs to another repository than the one the host was configured with.
+    RepositoryMismatch {
+        /// The database path.
+        path: PathBuf,
+        /// The repository bound to the database (on its first start).
+        bound: String,
+        /// The repository asked for (`repository` in `axhost.toml`).
+        configured: String,
+    },
     /// The file is a SQLite database, but its contents break an invariant of this schema.
     Corrupt {
         /// The database path.
@@ -127,6 +150,17 @@ impl fmt::Display for OpenError {
                 action,
                 source,
             } => write!(f, "{}: {action}: {source}", path.display()),
+            OpenError::RepositoryMismatch {
+                path,
+                bound,
+                configured,
+            } => write!(
+                f,
+                "{}: this database belongs to repository {bound:?}, but the configuration names \
+                 repository {configured:?}; set `repository = {bound:?}` in axhost.toml, or use \
+                 another data directory for {configured:?}",
+                path.display()
+            ),
             OpenError::Corrupt { path, problem } => {
                 write!(f, "{}: database is inconsistent: {problem}", path.display())
             }
@@ -141,6 +175,7 @@ impl std::error::Error for OpenError {
             OpenError::Sqlite { source, .. } => Some(source),
             OpenError::Locked { .. }
             | OpenError::NewerSchema { .. }
+            | OpenError::RepositoryMismatch { .. }
             | OpenError::Corrupt { .. } => None,
         }
     }
@@ -156,6 +191,7 @@ struct OwnerLock(#[allow(dead_code)] Arc<Mutex<Connection>>);
 pub struct SqliteStore {
     reader: SqliteReader,
     writer: SqliteWriter,
+    repository: String,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -167,19 +203,30 @@ impl fmt::Debug for SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database at `path`, takes the owner lock and creates or
-    /// migrates the schema.
+    /// Opens (creating if needed) the database at `path` for `repository`, takes the owner
+    /// lock, creates or migrates the schema and binds the repository (see the module docs): a
+    /// database bound to another repository is refused with
+    /// [`OpenError::RepositoryMismatch`]. The caller has checked the name (the config does).
     ///
     /// The database, its lock file and (through SQLite, which copies the database's mode) its
     /// WAL files are readable by the owner only: they hold every session's content.
-    pub fn open(path: &Path) -> Result<SqliteStore, OpenError> {
+    pub fn open(path: &Path, repository: &str) -> Result<SqliteStore, OpenError> {
         // The lock comes first so that two hosts racing to open never both touch the schema.
         let lock = OwnerLock(Arc::new(Mutex::new(schema::take_owner_lock(path)?)));
-        let conn = schema::open_database(path)?;
+        let conn = schema::open_database(path, repository)?;
         let writer = SqliteWriter::new(conn, lock.clone(), path)?;
         let reader = SqliteReader::open(path, lock)?;
-        tracing::debug!(path = %path.display(), "opened store");
-        Ok(SqliteStore { reader, writer })
+        tracing::debug!(path = %path.display(), repository, "opened store");
+        Ok(SqliteStore {
+            reader,
+            writer,
+            repository: repository.to_owned(),
+        })
+    }
+
+    /// The repository the database is bound to (the one it was opened for).
+    pub fn repository(&self) -> &str {
+        &self.repository
     }
 
     /// The database file.

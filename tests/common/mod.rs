@@ -33,9 +33,13 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// Default wait for one expected frame.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The binary under test.
+/// The binary under test: this build's, or the one `AXHOST_BIN` names (to run the black-box
+/// suites against another build of the host, e.g. a work in progress elsewhere).
 pub fn axhost_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_axhost")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("AXHOST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_axhost").to_owned())
+    })
 }
 
 /// An extra principal created with `axhost token add` before the host starts.
@@ -653,6 +657,15 @@ impl Ws {
             closed: None,
             received: Vec::new(),
         })
+    }
+
+    /// Lets this client read frames of up to `bytes` (tungstenite reads at most 16 MiB a frame
+    /// by default; a host may answer with one larger frame, e.g. a maximal AXP blob).
+    pub fn set_max_frame(&mut self, bytes: usize) {
+        self.ws.set_config(|c| {
+            c.max_frame_size = Some(bytes);
+            c.max_message_size = Some(bytes.max(c.max_message_size.unwrap_or(0)));
+        });
     }
 
     pub fn send_text(&mut self, text: &str) {

@@ -95,6 +95,8 @@ pub(super) struct RawConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) listen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) repository: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) allowed_origins: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) keepalive_ms: Option<u64>,
@@ -252,6 +254,7 @@ impl RawConfig {
     pub(super) fn from_config(c: &HostFileConfig) -> RawConfig {
         RawConfig {
             listen: c.listen.map(|a| a.to_string()),
+            repository: c.repository.clone(),
             allowed_origins: c.allowed_origins.clone(),
             keepalive_ms: c.keepalive_ms,
             busy_poll_us: None,

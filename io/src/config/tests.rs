@@ -340,3 +340,76 @@ fn keepalive_defaults_to_30_s_and_zero_turns_it_off() {
     c.keepalive_ms = Some(250);
     assert_eq!(c.keepalive(), Some(250));
 }
+
+#[test]
+fn repository_defaults_to_default_and_round_trips() {
+    let c = parse("").expect("empty");
+    assert_eq!(c.repository, None);
+    assert_eq!(c.repository(), REPOSITORY_DEFAULT);
+    assert_eq!(REPOSITORY_DEFAULT, "default");
+
+    let c = parse("repository = \"acme/widgets-2.0_x\"\n").expect("valid");
+    assert_eq!(c.repository.as_deref(), Some("acme/widgets-2.0_x"));
+    assert_eq!(c.repository(), "acme/widgets-2.0_x");
+
+    // Saving keeps it (`token add` and `revoke` rewrite the file through `save`), at the top
+    // level and before any table.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut full = parse(&full_text()).expect("valid");
+    full.repository = Some("acme/widgets".into());
+    save(dir.path(), &full).expect("save");
+    assert_eq!(load(dir.path()).expect("load"), full);
+    let text = fs::read_to_string(config_path(dir.path())).expect("read");
+    let at = text.find("repository = \"acme/widgets\"").expect("written");
+    assert!(at < text.find('[').expect("a table"), "{text}");
+
+    // Absent stays absent: the default is not written into the file.
+    save(dir.path(), &HostFileConfig::default()).expect("save default");
+    let text = fs::read_to_string(config_path(dir.path())).expect("read");
+    assert!(!text.contains("repository"), "{text}");
+}
+
+#[test]
+fn repository_names_are_checked() {
+    let longest = format!("a{}", "b".repeat(REPOSITORY_LEN_MAX - 1));
+    for good in ["a", "0", "A.b_c-d/e", "acme/widgets", longest.as_str()] {
+        assert!(valid_repository(good), "{good:?}");
+        let c = parse(&format!("repository = \"{good}\"\n")).expect(good);
+        assert_eq!(c.repository(), good);
+    }
+    let too_long = format!("{longest}c");
+    for bad in [
+        "",
+        too_long.as_str(),
+        "/acme",
+        ".hidden",
+        "-x",
+        "_x",
+        "a b",
+        "a\\tb",
+        "caf\u{e9}",
+        "a\"b",
+        "a:b",
+        "a\\\\b",
+    ] {
+        assert!(!valid_repository(bad), "{bad:?}");
+        let e = err_of(&format!("repository = \"{}\"\n", bad.replace('"', "\\\"")));
+        assert!(e.contains("repository ="), "{bad:?}: {e}");
+        assert!(e.contains("1-128 characters"), "{bad:?}: {e}");
+    }
+    // Not a string at all: a shape error naming the key.
+    let e = err_of("repository = 3\n");
+    assert!(e.contains("repository"), "{e}");
+}
+
+#[test]
+fn save_refuses_an_invalid_repository() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = HostFileConfig {
+        repository: Some("no spaces".into()),
+        ..HostFileConfig::default()
+    };
+    let e = save(dir.path(), &c).expect_err("invalid name");
+    assert!(e.to_string().contains("repository"), "{e}");
+    assert!(!config_path(dir.path()).exists());
+}

@@ -8,7 +8,10 @@ use std::net::SocketAddr;
 use axhost_core::{session_id_from_scope_entry, valid_id, Role, SessionScope};
 
 use super::format::RawConfig;
-use super::{HostFileConfig, PrincipalEntry, Tuning, BUSY_POLL_US_MAX, COALESCE_US_MAX};
+use super::{
+    valid_repository, HostFileConfig, PrincipalEntry, Tuning, BUSY_POLL_US_MAX, COALESCE_US_MAX,
+    REPOSITORY_LEN_MAX,
+};
 use crate::credentials::digest_from_hex;
 
 impl RawConfig {
@@ -20,6 +23,14 @@ impl RawConfig {
                 format!("listen = {s:?} is not an IP:PORT address (for example \"127.0.0.1:7331\")")
             })?),
         };
+        if let Some(name) = &self.repository {
+            if !valid_repository(name) {
+                return Err(format!(
+                    "repository = {name:?} must be 1-{REPOSITORY_LEN_MAX} characters of A-Z a-z \
+                     0-9 . _ / - starting with a letter or digit (for example \"acme/widgets\")"
+                ));
+            }
+        }
         if let Some(origins) = &self.allowed_origins {
             for o in origins {
                 if o.is_empty() || o.chars().any(char::is_whitespace) {
@@ -119,6 +130,7 @@ impl RawConfig {
 
         Ok(HostFileConfig {
             listen,
+            repository: self.repository,
             allowed_origins: self.allowed_origins,
             keepalive_ms: self.keepalive_ms,
             tuning,

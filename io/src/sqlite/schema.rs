@@ -1,6 +1,9 @@
 //! Opening the database: the owner lock, private files, pragmas, the schema and its
 //! migrations.
 //!
+//! The repository binding (`meta.repository`, see the `sqlite` module docs) is checked or
+//! written in the same transaction, after the tables exist.
+//!
 //! Migrations run in the schema transaction, so a file is either still at its old version or
 //! wholly at the new one:
 //! - version 1 lacked `clients.dispatched`: a binding dispatched if `last_client_seq > 0` or it
@@ -23,7 +26,7 @@ use rusqlite::{
     params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior,
 };
 
-use super::{OpenError, BUSY_TIMEOUT, META_SERVER_SEQ};
+use super::{OpenError, BUSY_TIMEOUT, META_REPOSITORY, META_SERVER_SEQ};
 
 /// The schema this build writes and reads.
 pub const SCHEMA_VERSION: i64 = 3;
@@ -129,8 +132,9 @@ pub(super) fn take_owner_lock(path: &Path) -> Result<Connection, OpenError> {
     Ok(conn)
 }
 
-/// Opens the write connection: applies the pragmas and creates, checks or migrates the schema.
-pub(super) fn open_database(path: &Path) -> Result<Connection, OpenError> {
+/// Opens the write connection: applies the pragmas, creates, checks or migrates the schema and
+/// binds `repository`, all in one transaction (nothing is written if the binding is refused).
+pub(super) fn open_database(path: &Path, repository: &str) -> Result<Connection, OpenError> {
     create_private(path)?;
     let fail = |action: &'static str| {
         move |source: rusqlite::Error| OpenError::Sqlite {
@@ -203,8 +207,51 @@ pub(super) fn open_database(path: &Path) -> Result<Connection, OpenError> {
         .map_err(fail("creating the schema"))?;
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)
         .map_err(fail("writing the schema version"))?;
+    bind_repository(&tx, path, repository)?;
     tx.commit().map_err(fail("committing the schema"))?;
     Ok(conn)
+}
+
+/// Checks `meta.repository` against `repository`, writing it if the database has none yet (a
+/// new database, or one made before the binding existed). Dropping the transaction after an
+/// error rolls back whatever the schema setup did.
+fn bind_repository(tx: &Transaction<'_>, path: &Path, repository: &str) -> Result<(), OpenError> {
+    let fail = |action: &'static str| {
+        move |source: rusqlite::Error| OpenError::Sqlite {
+            path: path.to_owned(),
+            action,
+            source,
+        }
+    };
+    let bound: Option<Option<String>> = tx
+        .query_row(
+            "SELECT value FROM meta WHERE key = ?1",
+            params![META_REPOSITORY],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(fail("reading the repository binding"))?;
+    match bound {
+        Some(Some(bound)) if bound == repository => Ok(()),
+        Some(Some(bound)) => Err(OpenError::RepositoryMismatch {
+            path: path.to_owned(),
+            bound,
+            configured: repository.to_owned(),
+        }),
+        Some(None) => Err(OpenError::Corrupt {
+            path: path.to_owned(),
+            problem: "meta.repository is NULL".into(),
+        }),
+        None => {
+            tx.execute(
+                "INSERT INTO meta(key, value) VALUES (?1, ?2)",
+                params![META_REPOSITORY, repository],
+            )
+            .map_err(fail("binding the repository"))?;
+            tracing::info!(repository, "database bound to its repository");
+            Ok(())
+        }
+    }
 }
 
 /// Version 2 to 3 (see the module docs). The bindings are rewritten in Rust, by the core's own

@@ -7,10 +7,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use axhost_core::{ClientRecord, MemStore, Record, StoredRecord};
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
 use super::schema::lock_path;
 use super::*;
+
+/// The repository the tests open their databases for.
+const REPO: &str = "default";
 
 fn event(seq: u64, channel: &str) -> Event {
     Event {
@@ -77,7 +80,7 @@ fn clients_of(loaded: &Loaded) -> Vec<ClientRecord> {
 }
 
 fn open(dir: &tempfile::TempDir) -> SqliteStore {
-    SqliteStore::open(&dir.path().join("x.db")).expect("open")
+    SqliteStore::open(&dir.path().join("x.db"), REPO).expect("open")
 }
 
 /// Two changes: records written, one deleted again, three events, receipts and bindings.
@@ -190,7 +193,7 @@ fn channel_events_after_uses_the_index_and_matches_the_reference_store() {
 fn events_may_sit_below_a_reserved_mark_but_never_below_each_other() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
-    let mut store = SqliteStore::open(&path).expect("open");
+    let mut store = SqliteStore::open(&path, REPO).expect("open");
     // A reservation: the mark jumps ahead of every number handed out.
     store.commit(&change(1, 1024)).expect("reserve");
     let mut below = change(2, 1024);
@@ -205,7 +208,7 @@ fn events_may_sit_below_a_reserved_mark_but_never_below_each_other() {
         "but never at or below the newest event"
     );
     drop(store);
-    let mut store = SqliteStore::open(&path).expect("reopen");
+    let mut store = SqliteStore::open(&path, REPO).expect("reopen");
     stale.number = 1;
     assert!(
         store.commit(&stale).is_err(),
@@ -278,7 +281,7 @@ fn tables_keep_keys_apart_and_load_in_the_cores_table_order() {
 fn records_of_a_table_this_build_does_not_know_are_refused_at_load() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
-    let mut store = SqliteStore::open(&path).expect("open");
+    let mut store = SqliteStore::open(&path, REPO).expect("open");
     store
         .writer
         .conn()
@@ -304,10 +307,10 @@ fn a_restart_keeps_everything() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
     {
-        let mut store = SqliteStore::open(&path).expect("open");
+        let mut store = SqliteStore::open(&path, REPO).expect("open");
         populate(&mut store);
     }
-    let mut store = SqliteStore::open(&path).expect("reopen");
+    let mut store = SqliteStore::open(&path, REPO).expect("reopen");
     assert_populated(&mut store);
     // serverSeq continues from where it was, and cannot go backwards; change numbers start
     // again with the new host.
@@ -353,7 +356,7 @@ fn a_group_is_one_transaction_and_a_bad_change_in_it_writes_nothing() {
 fn the_reader_sees_what_the_writer_committed_and_cannot_write() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
-    let (mut reader, mut writer) = SqliteStore::open(&path).expect("open").split();
+    let (mut reader, mut writer) = SqliteStore::open(&path, REPO).expect("open").split();
     let mut c = change(1, 1);
     c.events = vec![event(1, "c")];
     c.receipts = vec![receipt("alice", "k", "null")];
@@ -374,8 +377,8 @@ fn the_reader_sees_what_the_writer_committed_and_cannot_write() {
 fn a_second_owner_is_refused_while_either_half_lives() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
-    let first = SqliteStore::open(&path).expect("open");
-    let err = SqliteStore::open(&path).expect_err("second open must fail");
+    let first = SqliteStore::open(&path, REPO).expect("open");
+    let err = SqliteStore::open(&path, REPO).expect_err("second open must fail");
     assert!(matches!(err, OpenError::Locked { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(msg.contains("another axhost process owns"), "{msg}");
@@ -384,11 +387,11 @@ fn a_second_owner_is_refused_while_either_half_lives() {
     // A writer thread that died leaves the loop's reader: the database stays owned.
     drop(writer);
     assert!(matches!(
-        SqliteStore::open(&path),
+        SqliteStore::open(&path, REPO),
         Err(OpenError::Locked { .. })
     ));
     drop(reader);
-    SqliteStore::open(&path).expect("open after the owner is gone");
+    SqliteStore::open(&path, REPO).expect("open after the owner is gone");
 }
 
 #[cfg(unix)]
@@ -396,7 +399,7 @@ fn a_second_owner_is_refused_while_either_half_lives() {
 fn files_are_private() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
-    let mut store = SqliteStore::open(&path).expect("open");
+    let mut store = SqliteStore::open(&path, REPO).expect("open");
     populate(&mut store);
     for p in [path.clone(), lock_path(&path), dir.path().join("x.db-wal")] {
         let mode = fs::metadata(&p).expect("metadata").permissions().mode();
@@ -447,7 +450,7 @@ fn a_version_2_file_moves_its_records_and_clients_into_typed_records() {
          INSERT INTO receipts VALUES ('alice', 'dispatch:c1:3', 'f', 'null');
          INSERT INTO clients VALUES ('c1', 'alice', 3, 1), ('idle', 'bob', 0, 0), ('zero', 'bob', 0, 1);",
     );
-    let mut store = SqliteStore::open(&path).expect("migrating open");
+    let mut store = SqliteStore::open(&path, REPO).expect("migrating open");
     let loaded = store.load(10).expect("load");
     assert_eq!(loaded.server_seq, 7);
     assert_eq!(
@@ -500,7 +503,7 @@ fn a_version_2_file_moves_its_records_and_clients_into_typed_records() {
     assert_eq!(types, vec!["blob".to_owned()]);
     drop(store);
     // A migrated file opens as a version 3 one, and takes new changes after its history.
-    let mut store = SqliteStore::open(&path).expect("reopen");
+    let mut store = SqliteStore::open(&path, REPO).expect("reopen");
     assert_eq!(store.load(10).expect("load"), loaded);
     let mut next = change(1, 8);
     next.events = vec![event(8, "ahp-chat:/s1")];
@@ -518,7 +521,7 @@ fn a_failed_migration_leaves_the_file_at_its_old_version() {
         "INSERT INTO records VALUES ('s', '{}');
          INSERT INTO clients VALUES ('bad', 'alice', -1, 0);",
     );
-    let err = SqliteStore::open(&path).expect_err("a negative clientSeq");
+    let err = SqliteStore::open(&path, REPO).expect_err("a negative clientSeq");
     assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
     let conn = Connection::open(&path).expect("raw open");
     assert_eq!(pragma(&conn, "user_version"), "Integer(2)");
@@ -552,7 +555,7 @@ fn a_version_1_file_gains_dispatched_from_its_receipts_and_migrates_on() {
         )
         .expect("version 1 schema");
     }
-    let mut store = SqliteStore::open(&path).expect("migrating open");
+    let mut store = SqliteStore::open(&path, REPO).expect("migrating open");
     let dispatched: Vec<(String, bool)> = clients_of(&store.load(10).expect("load"))
         .into_iter()
         .map(|c| (c.client_id, c.dispatched))
@@ -575,7 +578,7 @@ fn a_version_1_file_gains_dispatched_from_its_receipts_and_migrates_on() {
 fn an_outside_writer_fails_a_commit_quickly_and_changes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
-    let mut store = SqliteStore::open(&path).expect("open");
+    let mut store = SqliteStore::open(&path, REPO).expect("open");
     populate(&mut store);
     // A writer that ignores the owner lock holds the write lock.
     let outside = Connection::open(&path).expect("outside open");
@@ -621,7 +624,7 @@ fn a_duplicate_event_seq_is_refused_and_changes_nothing() {
 fn a_failure_inside_the_transaction_rolls_everything_back() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
-    let mut store = SqliteStore::open(&path).expect("open");
+    let mut store = SqliteStore::open(&path, REPO).expect("open");
     populate(&mut store);
     // Fail the last receipt, after records and events were written in the same transaction:
     // they must vanish with it.
@@ -656,7 +659,7 @@ fn a_failure_inside_the_transaction_rolls_everything_back() {
     next.events = vec![event(4, "c")];
     store.commit(&next).expect("commit after a failed one");
     drop(store);
-    let mut store = SqliteStore::open(&path).expect("reopen");
+    let mut store = SqliteStore::open(&path, REPO).expect("reopen");
     assert_eq!(store.load(1).expect("load").server_seq, 4);
 }
 
@@ -686,7 +689,7 @@ fn a_newer_schema_is_refused() {
         conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
             .expect("set version");
     }
-    let err = SqliteStore::open(&path).expect_err("newer schema");
+    let err = SqliteStore::open(&path, REPO).expect_err("newer schema");
     assert!(
         matches!(err, OpenError::NewerSchema { found, .. } if found == SCHEMA_VERSION + 1),
         "{err:?}"
@@ -707,7 +710,7 @@ fn tables_without_a_schema_version_are_refused() {
         conn.execute_batch("CREATE TABLE records(key TEXT PRIMARY KEY, value TEXT)")
             .expect("table");
     }
-    let err = SqliteStore::open(&path).expect_err("unversioned tables");
+    let err = SqliteStore::open(&path, REPO).expect_err("unversioned tables");
     assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
 }
 
@@ -720,9 +723,126 @@ fn a_file_that_is_not_a_database_is_a_clear_error() {
         b"this is not a sqlite database, just some text padding it out",
     )
     .expect("write");
-    let err = SqliteStore::open(&path).expect_err("not a database");
+    let err = SqliteStore::open(&path, REPO).expect_err("not a database");
     assert!(
         err.to_string().contains(&path.display().to_string()),
         "{err}"
     );
+}
+
+/// `meta.repository`, read straight from the file.
+fn bound_repository(path: &Path) -> Option<String> {
+    let conn = Connection::open(path).expect("raw open");
+    conn.query_row(
+        "SELECT value FROM meta WHERE key = 'repository'",
+        [],
+        |row| row.get(0),
+    )
+    .optional()
+    .expect("meta")
+}
+
+#[test]
+fn the_first_open_binds_the_repository_and_later_opens_must_match() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("x.db");
+    let mut store = SqliteStore::open(&path, "acme/widgets").expect("open");
+    assert_eq!(store.repository(), "acme/widgets");
+    populate(&mut store);
+    drop(store);
+    assert_eq!(bound_repository(&path).as_deref(), Some("acme/widgets"));
+
+    let err = SqliteStore::open(&path, "acme/gadgets").expect_err("another repository");
+    match &err {
+        OpenError::RepositoryMismatch {
+            path: p,
+            bound,
+            configured,
+        } => {
+            assert_eq!(p, &path);
+            assert_eq!(bound, "acme/widgets");
+            assert_eq!(configured, "acme/gadgets");
+        }
+        other => panic!("expected RepositoryMismatch, got {other:?}"),
+    }
+    let msg = err.to_string();
+    for needle in [
+        "\"acme/widgets\"",
+        "\"acme/gadgets\"",
+        "repository",
+        &path.display().to_string(),
+    ] {
+        assert!(msg.contains(needle), "{needle:?} missing from {msg}");
+    }
+    // Refused before anything changed; the lock was let go, and the right name still opens
+    // the same history.
+    assert_eq!(bound_repository(&path).as_deref(), Some("acme/widgets"));
+    let mut store = SqliteStore::open(&path, "acme/widgets").expect("the bound name");
+    assert_populated(&mut store);
+}
+
+#[test]
+fn a_binding_is_written_once_and_a_refused_open_changes_nothing() {
+    // A file whose schema exists but whose binding is another name is refused; a new file is
+    // bound in the schema transaction, so no schema without a binding is ever committed.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("x.db");
+    drop(SqliteStore::open(&path, "alpha").expect("open"));
+    let conn = Connection::open(&path).expect("raw open");
+    let rows: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM meta WHERE key = 'repository'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("count");
+    assert_eq!(rows, 1);
+    drop(conn);
+    for _ in 0..2 {
+        assert!(matches!(
+            SqliteStore::open(&path, "beta"),
+            Err(OpenError::RepositoryMismatch { .. })
+        ));
+    }
+    assert_eq!(bound_repository(&path).as_deref(), Some("alpha"));
+}
+
+#[test]
+fn a_database_from_before_the_binding_is_adopted() {
+    // A version 2 file (and so any file an older build wrote) has no binding: the first
+    // repository to open it adopts it, in the migration's transaction.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("x.db");
+    version_2_file(&path, "INSERT INTO meta VALUES ('server_seq', '7');");
+    assert_eq!(bound_repository(&path), None);
+    let store = SqliteStore::open(&path, "legacy").expect("adopting open");
+    drop(store);
+    assert_eq!(bound_repository(&path).as_deref(), Some("legacy"));
+    assert!(matches!(
+        SqliteStore::open(&path, "default"),
+        Err(OpenError::RepositoryMismatch { .. })
+    ));
+
+    // Same for a version 3 file written before the binding existed.
+    let path = dir.path().join("y.db");
+    drop(SqliteStore::open(&path, "first").expect("open"));
+    Connection::open(&path)
+        .expect("raw open")
+        .execute_batch("DELETE FROM meta WHERE key = 'repository'")
+        .expect("unbind");
+    drop(SqliteStore::open(&path, "second").expect("adopting open"));
+    assert_eq!(bound_repository(&path).as_deref(), Some("second"));
+}
+
+#[test]
+fn a_null_binding_is_corrupt_not_adopted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("x.db");
+    drop(SqliteStore::open(&path, "alpha").expect("open"));
+    Connection::open(&path)
+        .expect("raw open")
+        .execute_batch("UPDATE meta SET value = NULL WHERE key = 'repository'")
+        .expect("null");
+    let err = SqliteStore::open(&path, "alpha").expect_err("a NULL binding");
+    assert!(matches!(err, OpenError::Corrupt { .. }), "{err:?}");
 }

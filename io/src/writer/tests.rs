@@ -517,7 +517,7 @@ mod with_a_host {
 
     fn start(path: &Path) -> (Host<SqliteReader>, Writer<Box<Change>>) {
         let (reader, store): (SqliteReader, SqliteWriter) =
-            SqliteStore::open(path).expect("open").split();
+            SqliteStore::open(path, "default").expect("open").split();
         let host = Host::new(HostConfig::default(), reader, 7).expect("host");
         let writer = Writer::start(store, WriterLimits::default(), || {}).expect("start");
         (host, writer)
@@ -579,7 +579,7 @@ mod with_a_host {
         let durable = host.changes_durable();
         assert!(writer.finish(Duration::from_secs(10)));
         drop(host);
-        let mut store = SqliteStore::open(&path).expect("reopen");
+        let mut store = SqliteStore::open(&path, "default").expect("reopen");
         let loaded = store.load(16).expect("load");
         assert!(loaded
             .records
