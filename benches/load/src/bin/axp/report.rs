@@ -66,6 +66,8 @@ pub struct Report {
     pub host_cpu_pct: Option<f64>,
     pub tool_cpu_pct: Option<f64>,
     pub steal_ms: Option<f64>,
+    /// What ended the run early, if anything.
+    pub fatal: Option<String>,
 }
 
 fn q_human(q: Option<&Quantiles>) -> String {
@@ -129,6 +131,9 @@ impl Report {
     /// an answer that never came.
     pub fn broken(&self) -> String {
         let mut b = Vec::new();
+        if let Some(f) = &self.fatal {
+            b.push(format!("the run ended early: {f}"));
+        }
         if self.leases_lost() > 0 {
             b.push(format!(
                 "{} lease(s) lost ({} leaseChanged with lease null, {} -32040 answers)",
@@ -144,7 +149,7 @@ impl Report {
                 self.errors
             ));
         }
-        if self.missing_deliveries() > 0 {
+        if self.missing_deliveries() > 0 && self.fatal.is_none() {
             b.push(format!(
                 "{} of {} deliveries to viewers missing",
                 self.missing_deliveries(),
@@ -157,7 +162,7 @@ impl Report {
                 self.extra_deliveries()
             ));
         }
-        if self.unanswered > 0 {
+        if self.unanswered > 0 && self.fatal.is_none() {
             b.push(format!(
                 "{} request(s) unanswered after the drain",
                 self.unanswered
@@ -296,7 +301,8 @@ impl Report {
              \"turns_started\":{},\"renewals\":{},\"max_renew_gap_ms\":{:.1},\"leases_lost\":{},\
              \"lease_changed_null\":{},\"stale_answers\":{},\"dead_executors\":{},\"errors\":{{{}}},\
              \"error_answers\":{},\"rss_before_kib\":{},\"rss_setup_kib\":{},\"rss_after_kib\":{},\
-             \"host_cpu_pct\":{},\"tool_cpu_pct\":{},\"steal_ms\":{},\"invariants_hold\":{},\"sustained\":{}}}",
+             \"host_cpu_pct\":{},\"tool_cpu_pct\":{},\"steal_ms\":{},\"invariants_hold\":{},\"sustained\":{},\
+             \"fatal\":{}}}",
             args.sessions,
             args.rate,
             args.viewers,
@@ -341,6 +347,41 @@ impl Report {
             opt_f(self.steal_ms),
             self.invariants_hold(),
             self.sustained(args),
+            self.fatal.as_ref().map_or("null".to_owned(), |f| json_string(f)),
         )
+    }
+}
+
+/// `s` as a JSON string.
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::json_string;
+
+    #[test]
+    fn json_strings_round_trip() {
+        for s in [
+            "plain",
+            "a \"quote\" and \\ back",
+            "line\nbreak\t\u{1}",
+            "µs → ok",
+        ] {
+            let v: serde_json::Value = serde_json::from_str(&json_string(s)).expect("valid JSON");
+            assert_eq!(v, s);
+        }
     }
 }

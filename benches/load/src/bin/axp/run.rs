@@ -488,120 +488,128 @@ pub fn run(args: &Args, addr: SocketAddr, mtok: &str, ctok: &str) -> Result<Repo
     let mut events = Events::with_capacity(4096);
     let mut last_check = Instant::now();
     let mut drain_until = far;
-    loop {
-        let now = Instant::now();
-        // Phase changes.
-        match w.phase {
-            Phase::Sessions if w.created == n => {
-                sessions_s = t_phase.elapsed().as_secs_f64();
-                t_phase = now;
-                w.phase = Phase::Claims;
-                w.start_claims();
-            }
-            Phase::Claims
-                if w.viewer_subs == n * v && w.execs.iter().all(|e| e.state != State::Setup) =>
-            {
-                claims_s = t_phase.elapsed().as_secs_f64();
-                t_phase = now;
-                w.phase = Phase::Turns;
-                for i in 0..n {
-                    w.start_turn(i);
+    // A fatal error (a connection the host closed, an answer that never came) ends the loop
+    // but not the report: what was measured until then is printed with it.
+    let outcome = (|| -> Result<(), String> {
+        loop {
+            let now = Instant::now();
+            // Phase changes.
+            match w.phase {
+                Phase::Sessions if w.created == n => {
+                    sessions_s = t_phase.elapsed().as_secs_f64();
+                    t_phase = now;
+                    w.phase = Phase::Claims;
+                    w.start_claims();
                 }
-            }
-            Phase::Turns
-                if w.execs
-                    .iter()
-                    .all(|e| e.reserved_once || e.state == State::Dead) =>
-            {
-                turns_s = t_phase.elapsed().as_secs_f64();
-                rss_setup = args.host_pid.and_then(procfs::rss_kib);
-                w.phase = Phase::Steady;
-                w.start = now + args.warmup;
-                w.end = w.start + args.duration;
-                for i in 0..n {
-                    // Spread the executors' emits evenly over one period.
-                    let offset = w.period.mul_f64(i as f64 / n as f64);
-                    w.timers.push(Reverse((now + offset, Timer::Emit, i)));
+                Phase::Claims
+                    if w.viewer_subs == n * v
+                        && w.execs.iter().all(|e| e.state != State::Setup) =>
+                {
+                    claims_s = t_phase.elapsed().as_secs_f64();
+                    t_phase = now;
+                    w.phase = Phase::Turns;
+                    for i in 0..n {
+                        w.start_turn(i);
+                    }
                 }
-            }
-            Phase::Steady if now >= w.start && cpu_at_start.is_none() => {
-                cpu_at_start = Some((
-                    args.host_pid
-                        .and_then(|p| procfs::cpu_seconds(&p.to_string())),
-                    procfs::cpu_seconds("self"),
-                    procfs::steal_seconds(),
-                ));
-            }
-            Phase::Steady if now >= w.end => {
-                let at_end = (
-                    args.host_pid
-                        .and_then(|p| procfs::cpu_seconds(&p.to_string())),
-                    procfs::cpu_seconds("self"),
-                    procfs::steal_seconds(),
-                );
-                if let Some(s) = cpu_at_start {
-                    let secs = (now - w.start).as_secs_f64();
-                    let pct = |a: Option<f64>, b: Option<f64>| {
-                        a.zip(b).map(|(a, b)| (b - a) / secs * 100.0)
-                    };
-                    cpu_window = (
-                        pct(s.0, at_end.0),
-                        pct(s.1, at_end.1),
-                        s.2.zip(at_end.2).map(|(a, b)| (b - a) * 1000.0),
+                Phase::Turns
+                    if w.execs
+                        .iter()
+                        .all(|e| e.reserved_once || e.state == State::Dead) =>
+                {
+                    turns_s = t_phase.elapsed().as_secs_f64();
+                    rss_setup = args.host_pid.and_then(procfs::rss_kib);
+                    w.phase = Phase::Steady;
+                    w.start = now + args.warmup;
+                    w.end = w.start + args.duration;
+                    for i in 0..n {
+                        // Spread the executors' emits evenly over one period.
+                        let offset = w.period.mul_f64(i as f64 / n as f64);
+                        w.timers.push(Reverse((now + offset, Timer::Emit, i)));
+                    }
+                }
+                Phase::Steady if now >= w.start && cpu_at_start.is_none() => {
+                    cpu_at_start = Some((
+                        args.host_pid
+                            .and_then(|p| procfs::cpu_seconds(&p.to_string())),
+                        procfs::cpu_seconds("self"),
+                        procfs::steal_seconds(),
+                    ));
+                }
+                Phase::Steady if now >= w.end => {
+                    let at_end = (
+                        args.host_pid
+                            .and_then(|p| procfs::cpu_seconds(&p.to_string())),
+                        procfs::cpu_seconds("self"),
+                        procfs::steal_seconds(),
                     );
+                    if let Some(s) = cpu_at_start {
+                        let secs = (now - w.start).as_secs_f64();
+                        let pct = |a: Option<f64>, b: Option<f64>| {
+                            a.zip(b).map(|(a, b)| (b - a) / secs * 100.0)
+                        };
+                        cpu_window = (
+                            pct(s.0, at_end.0),
+                            pct(s.1, at_end.1),
+                            s.2.zip(at_end.2).map(|(a, b)| (b - a) * 1000.0),
+                        );
+                    }
+                    w.phase = Phase::Drain;
+                    drain_until = now + args.drain;
                 }
-                w.phase = Phase::Drain;
-                drain_until = now + args.drain;
+                Phase::Drain if w.drained() || now >= drain_until => break,
+                _ => {}
             }
-            Phase::Drain if w.drained() || now >= drain_until => break,
-            _ => {}
-        }
-        if now - last_check >= STALL_CHECK {
-            last_check = now;
-            w.check_stalls(now)?;
-        }
-        // Timers.
-        while let Some(Reverse((at, timer, i))) = w.timers.peek().copied() {
-            if at > now {
-                break;
+            if now - last_check >= STALL_CHECK {
+                last_check = now;
+                w.check_stalls(now)?;
             }
-            w.timers.pop();
-            w.on_timer(timer, i, at, now);
-        }
-        w.flush_dirty()?;
-        let mut wait = STALL_CHECK;
-        if let Some(Reverse((at, _, _))) = w.timers.peek() {
-            wait = wait.min(at.saturating_duration_since(now));
-        }
-        if w.phase == Phase::Steady {
-            wait = wait.min(w.end.saturating_duration_since(now));
-        }
-        match poll.poll(&mut events, Some(wait)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => return Err(format!("poll: {e}")),
-        }
-        for ev in &events {
-            let k = ev.token().0;
-            if k >= w.conns.len() {
-                continue;
+            // Timers.
+            while let Some(Reverse((at, timer, i))) = w.timers.peek().copied() {
+                if at > now {
+                    break;
+                }
+                w.timers.pop();
+                w.on_timer(timer, i, at, now);
             }
-            if ev.is_writable() {
-                w.flush(k)?;
+            w.flush_dirty()?;
+            let mut wait = STALL_CHECK;
+            if let Some(Reverse((at, _, _))) = w.timers.peek() {
+                wait = wait.min(at.saturating_duration_since(now));
             }
-            if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                w.on_readable(k)?;
+            if w.phase == Phase::Steady {
+                wait = wait.min(w.end.saturating_duration_since(now));
             }
+            match poll.poll(&mut events, Some(wait)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(format!("poll: {e}")),
+            }
+            for ev in &events {
+                let k = ev.token().0;
+                if k >= w.conns.len() {
+                    continue;
+                }
+                if ev.is_writable() {
+                    w.flush(k)?;
+                }
+                if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
+                    w.on_readable(k)?;
+                }
+            }
+            w.flush_dirty()?;
         }
-        w.flush_dirty()?;
-    }
+        Ok(())
+    })();
     let rss_after = args.host_pid.and_then(procfs::rss_kib);
-    Ok(w.report(
+    let mut report = w.report(
         (exec_conns, viewer_conns),
         (connect_s, sessions_s, claims_s, turns_s),
         (rss_before, rss_setup, rss_after),
         cpu_window,
-    ))
+    );
+    report.fatal = outcome.err();
+    Ok(report)
 }
 
 impl World<'_> {
@@ -1289,6 +1297,7 @@ impl World<'_> {
             host_cpu_pct: cpu.0,
             tool_cpu_pct: cpu.1,
             steal_ms: cpu.2,
+            fatal: None,
         }
     }
 }
