@@ -48,9 +48,12 @@ fn hoarded_fragments_stay_under_the_total_and_close_only_the_one_that_crosses_it
     const HOARDERS: usize = 16;
     const PIECE: usize = 512 * 1024;
     const PIECES: usize = 2;
+    // Blob uploads kept small: the total must hold the largest message any role may send,
+    // and this test is about observers' messages.
     let host = HostProcess::builder()
         .config(&format!(
-            "keepalive_ms = 0\n[limits]\npartial_message_bytes_total_max = {TOTAL}\n"
+            "keepalive_ms = 0\n[limits]\npartial_message_bytes_total_max = {TOTAL}\n\
+             blob_bytes_max = 1000000\n"
         ))
         .principal("watcher", "observer", None)
         .start();
@@ -131,7 +134,7 @@ fn a_frame_or_message_past_the_role_cap_is_refused_from_its_header() {
         .principal("watcher", "observer", None)
         .start();
     let watcher = host.token_of("watcher").to_owned();
-    // Past the cap (and far below frame_bytes_max, 16 MiB): 1009 at once.
+    // Past the cap (and far below frame_bytes_max, 24 MiB): 1009 at once.
     let (mut over, _) = host.ws_init_as(&watcher, "over", &[]);
     let started = Instant::now();
     over.write_raw(&header(true, TEXT, ROLE_CAP as u64 + 1));
@@ -152,10 +155,18 @@ fn a_frame_or_message_past_the_role_cap_is_refused_from_its_header() {
     pieces.write_raw(&client_frame(false, TEXT, &vec![b' '; ROLE_CAP / 2]));
     pieces.write_raw(&header(false, CONTINUATION, (ROLE_CAP / 2 + 1) as u64));
     assert_eq!(closed_within(&mut pieces, FRAME_TIMEOUT), Some(Some(1009)));
-    // A maintainer has the same cap until uploads exist.
+    // A maintainer may upload blobs: past the observers' cap it waits for the payload, and
+    // only past the frame limit (24 MiB, room for a maximal upload) is it refused.
     let mut admin = host.ws();
     admin.write_raw(&header(true, TEXT, ROLE_CAP as u64 + 1));
-    assert_eq!(closed_within(&mut admin, FRAME_TIMEOUT), Some(Some(1009)));
+    admin.write_raw(&[b' '; 1000]);
+    assert_eq!(closed_within(&mut admin, Duration::from_millis(300)), None);
+    let mut over_frame = host.ws();
+    over_frame.write_raw(&header(true, TEXT, (24 << 20) + 1));
+    assert_eq!(
+        closed_within(&mut over_frame, FRAME_TIMEOUT),
+        Some(Some(1009))
+    );
     let (mut fine, _) = host.ws_init("fine", &[]);
     assert_eq!(fine.ok("ping", json!({"channel": ROOT})), Value::Null);
 }

@@ -248,7 +248,10 @@ fn message_over_64_kib_is_refused_with_32043() {
 #[test]
 fn frame_over_the_frame_limit_closes_with_1009() {
     let host = HostProcess::builder()
-        .config("[limits]\nframe_bytes_max = 70000\nservice_payload_bytes_max = 1024\n")
+        .config(
+            "[limits]\nframe_bytes_max = 70000\nservice_payload_bytes_max = 1024\n\
+             blob_bytes_max = 1024\n",
+        )
         .start();
     let (mut ws, _) = host.ws_init("c1", &[]);
     let pad = "x".repeat(100 * 1024);

@@ -6,6 +6,12 @@ pub const ROOT: &str = "ahp-root://";
 /// The client-services catalog channel (`x-` marks an implementation-defined scheme).
 pub const CATALOG: &str = "x-client-services://";
 
+/// The AXP executor registry channel.
+pub const EXECUTORS: &str = "axp-executors://";
+
+/// The AXP repository memory channel (part 2: advertised, not served yet).
+pub const MEMORY: &str = "axp-memory://";
+
 /// Which channel a URI names. Session-scoped channels carry the session id.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum ChannelRef<'a> {
@@ -17,6 +23,10 @@ pub enum ChannelRef<'a> {
     Chat(&'a str),
     /// `ahp-changeset:/ID`
     Changeset(&'a str),
+    /// `axp-session:/ID`: the session's AXP exchange.
+    Exchange(&'a str),
+    /// `axp-executors://`: the AXP executor registry.
+    Executors,
     /// `x-client-services://`: the client-services catalog (state differs per observer).
     Catalog,
     /// Anything else: not served.
@@ -32,6 +42,9 @@ impl<'a> ChannelRef<'a> {
         if uri == CATALOG {
             return ChannelRef::Catalog;
         }
+        if uri == EXECUTORS {
+            return ChannelRef::Executors;
+        }
         let scoped = [
             (
                 "ahp-session:/",
@@ -39,6 +52,7 @@ impl<'a> ChannelRef<'a> {
             ),
             ("ahp-chat:/", ChannelRef::Chat),
             ("ahp-changeset:/", ChannelRef::Changeset),
+            ("axp-session:/", ChannelRef::Exchange),
         ];
         for (prefix, make) in scoped {
             if let Some(id) = uri.strip_prefix(prefix) {
@@ -55,8 +69,14 @@ impl<'a> ChannelRef<'a> {
     /// The session this channel belongs to, if any.
     pub fn session_id(self) -> Option<&'a str> {
         match self {
-            ChannelRef::Session(id) | ChannelRef::Chat(id) | ChannelRef::Changeset(id) => Some(id),
-            ChannelRef::Root | ChannelRef::Catalog | ChannelRef::Unknown => None,
+            ChannelRef::Session(id)
+            | ChannelRef::Chat(id)
+            | ChannelRef::Changeset(id)
+            | ChannelRef::Exchange(id) => Some(id),
+            ChannelRef::Root
+            | ChannelRef::Catalog
+            | ChannelRef::Executors
+            | ChannelRef::Unknown => None,
         }
     }
 }
@@ -86,6 +106,11 @@ pub fn chat_uri(id: &str) -> String {
     format!("ahp-chat:/{id}")
 }
 
+/// `axp-session:/ID`
+pub fn exchange_uri(id: &str) -> String {
+    format!("axp-session:/{id}")
+}
+
 /// `ahp-changeset:/ID`
 pub fn changeset_uri(id: &str) -> String {
     format!("ahp-changeset:/{id}")
@@ -111,6 +136,12 @@ mod tests {
         assert_eq!(ChannelRef::parse("ahp-session:/../x"), ChannelRef::Unknown);
         assert_eq!(ChannelRef::parse("ahp-session:/.x"), ChannelRef::Unknown);
         assert_eq!(ChannelRef::parse("x-other://"), ChannelRef::Unknown);
+        assert_eq!(
+            ChannelRef::parse("axp-session:/s1"),
+            ChannelRef::Exchange("s1")
+        );
+        assert_eq!(ChannelRef::parse("axp-executors://"), ChannelRef::Executors);
+        assert_eq!(ChannelRef::parse("axp-session:/"), ChannelRef::Unknown);
     }
 
     #[test]

@@ -70,6 +70,7 @@
 #![warn(missing_docs)]
 
 mod ahp;
+mod axp;
 pub mod canonical;
 mod channel;
 pub mod drive;
@@ -88,7 +89,7 @@ pub use ahp::session::{AXP_CAPABILITY, AXP_VERSION};
 pub use channel::{valid_id, valid_session_id, ChannelRef, CATALOG, ROOT};
 pub use error::RpcError;
 pub use hash::{IdHasher, U64Map};
-pub use host::{Host, HostError, Input};
+pub use host::{AxpInspect, Host, HostError, Input};
 pub use kernel::time::{iso8601, Instant, Now};
 pub use kernel::{HostConfig, Stats};
 pub use limits::{

@@ -13,7 +13,8 @@ pub struct Limits {
     /// Largest JSON-RPC message the core accepts (bytes); `-32043` above. AXP host: 65,536.
     pub message_bytes_max: u32,
     /// Largest WebSocket frame the driver reads at all; bigger frames close with 1009.
-    /// Room for the largest message any method accepts plus framing.
+    /// Room for the largest message any method accepts plus framing: a maximal blob upload
+    /// (`_axp/blobPut`, ~21.4 MB by default).
     pub frame_bytes_max: u32,
     /// Time a new connection has to send `initialize` or `reconnect`; then Close 1008.
     /// AXP host: 10 s.
@@ -72,6 +73,21 @@ pub struct Limits {
     /// number of sessions: measured, 1.3 bytes of RSS per byte charged for turns of 2 KB
     /// messages, 3.1 for turns of 20-byte ones (`io/examples/chat_memory.rs`).
     pub chat_bytes_total_max: u64,
+    /// Largest AXP blob, in decoded bytes; `_axp/blobPut` gets `-32043` above. An upload
+    /// message may be as large as its base64 plus 64 KiB. AXP host: 16,000,000.
+    pub blob_bytes_max: u64,
+    /// What all stored blobs may take together, in bytes; `-32043` above. Identical content is
+    /// stored once, however many sessions reference it; each blob and each session's access to
+    /// it is also charged [`BLOB_ENTRY_OVERHEAD_BYTES`], so many tiny blobs are bounded too.
+    /// AXP host: 2,000,000,000 (bytes only).
+    pub blob_storage_bytes_max: u64,
+    /// Executors the AXP registry holds (online or not; entries are never deleted); a new
+    /// `_axp/register` gets `-32043` above. Bounds the registry's memory and its snapshot
+    /// (~250 bytes an entry). The AXP host has no such bound.
+    pub executors_max: u32,
+    /// Grants one AXP session holds; a new `_axp/grant` gets `-32043` above. The AXP host has
+    /// no such bound.
+    pub grants_per_session_max: u32,
 }
 
 /// Defaults, named so tests and docs can cite them.
@@ -81,7 +97,7 @@ pub const DEFAULT_SUBSCRIPTIONS_PER_CONN_MAX: u32 = 256;
 /// See [`Limits::message_bytes_max`].
 pub const DEFAULT_MESSAGE_BYTES_MAX: u32 = 64 * 1024;
 /// See [`Limits::frame_bytes_max`].
-pub const DEFAULT_FRAME_BYTES_MAX: u32 = 16 * 1024 * 1024;
+pub const DEFAULT_FRAME_BYTES_MAX: u32 = 24 * 1024 * 1024;
 /// See [`Limits::handshake_timeout_ms`].
 pub const DEFAULT_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
 /// See [`Limits::queue_bytes_hard`].
@@ -104,6 +120,26 @@ pub const DEFAULT_CHAT_BYTES_TOTAL_MAX: u64 = 512 * 1024 * 1024;
 pub const DEFAULT_SERVICE_PAYLOAD_BYTES_MAX: u32 = 1024 * 1024;
 /// Envelope room around a client-service payload (ids, method, metadata of the message).
 pub const SERVICE_ENVELOPE_BYTES: u32 = 64 * 1024;
+/// See [`Limits::blob_bytes_max`].
+pub const DEFAULT_BLOB_BYTES_MAX: u64 = 16_000_000;
+/// See [`Limits::blob_storage_bytes_max`].
+pub const DEFAULT_BLOB_STORAGE_BYTES_MAX: u64 = 2_000_000_000;
+/// Envelope room around an upload's base64 (the channel, operationId, mediaType, the JSON-RPC
+/// frame).
+pub const BLOB_ENVELOPE_BYTES: u64 = 64 * 1024;
+/// What each stored blob and each session's access to one costs against
+/// `blob_storage_bytes_max` beyond its bytes: the index entries the host keeps for it.
+pub const BLOB_ENTRY_OVERHEAD_BYTES: u64 = 256;
+/// See [`Limits::executors_max`].
+pub const DEFAULT_EXECUTORS_MAX: u32 = 10_000;
+/// See [`Limits::grants_per_session_max`].
+pub const DEFAULT_GRANTS_PER_SESSION_MAX: u32 = 64;
+
+/// The largest `_axp/blobPut` message for blobs of at most `blob_bytes_max` bytes: their
+/// base64 plus [`BLOB_ENVELOPE_BYTES`].
+pub const fn blob_message_bytes_max(blob_bytes_max: u64) -> u64 {
+    blob_bytes_max.div_ceil(3) * 4 + BLOB_ENVELOPE_BYTES
+}
 
 // Bounds that are not (yet) settings: fixed here, advertised or documented where they apply.
 
@@ -140,6 +176,10 @@ pub const REQUEST_ID_BYTES_MAX: usize = 256;
 /// Per connection: `Limits::services_per_conn_max`.
 pub const SERVICES_MAX: usize = 2048;
 
+/// Comments one AXP session holds; `_axp/comment` gets `-32043` above (the AXP host's bound;
+/// the history keeps every event).
+pub const DISCUSSION_MAX: usize = 256;
+
 const _: () = assert!(ACTION_DEPTH_MAX + ACTION_WRAPPING_DEPTH_MAX <= JSON_DEPTH_READABLE_MAX);
 const _: () = assert!(SERVICE_METADATA_DEPTH_MAX + 5 <= JSON_DEPTH_READABLE_MAX);
 const _: () = assert!(SERVICE_PAYLOAD_DEPTH_MAX + 2 <= JSON_DEPTH_READABLE_MAX);
@@ -150,6 +190,8 @@ const _: () = assert!(DEFAULT_QUEUE_BYTES_SOFT < DEFAULT_QUEUE_BYTES_HARD);
 const _: () =
     assert!(DEFAULT_SERVICE_PAYLOAD_BYTES_MAX + SERVICE_ENVELOPE_BYTES <= DEFAULT_FRAME_BYTES_MAX);
 const _: () = assert!((DEFAULT_MESSAGE_BYTES_MAX as u64) < DEFAULT_QUEUE_BYTES_HARD);
+const _: () =
+    assert!(blob_message_bytes_max(DEFAULT_BLOB_BYTES_MAX) <= DEFAULT_FRAME_BYTES_MAX as u64);
 
 impl Default for Limits {
     fn default() -> Self {
@@ -177,6 +219,10 @@ impl Default for Limits {
             sessions_max: DEFAULT_SESSIONS_MAX,
             chat_bytes_max: DEFAULT_CHAT_BYTES_MAX,
             chat_bytes_total_max: DEFAULT_CHAT_BYTES_TOTAL_MAX,
+            blob_bytes_max: DEFAULT_BLOB_BYTES_MAX,
+            blob_storage_bytes_max: DEFAULT_BLOB_STORAGE_BYTES_MAX,
+            executors_max: DEFAULT_EXECUTORS_MAX,
+            grants_per_session_max: DEFAULT_GRANTS_PER_SESSION_MAX,
         }
     }
 }
@@ -254,12 +300,36 @@ impl Limits {
         if self.service_method_bytes_max == 0 || self.services_per_conn_max == 0 {
             return Err(LimitsError("service limits must be positive"));
         }
+        if self.blob_bytes_max == 0 {
+            return Err(LimitsError("blob_bytes_max must be at least 1"));
+        }
+        if self.blob_storage_bytes_max < self.blob_bytes_max + 2 * BLOB_ENTRY_OVERHEAD_BYTES {
+            return Err(LimitsError(
+                "blob_storage_bytes_max must hold at least one blob of blob_bytes_max",
+            ));
+        }
+        if blob_message_bytes_max(self.blob_bytes_max) > u64::from(self.frame_bytes_max) {
+            return Err(LimitsError(
+                "frame_bytes_max must hold a blob upload: blob_bytes_max as base64 plus 64 KiB",
+            ));
+        }
+        if self.executors_max == 0 || self.grants_per_session_max == 0 {
+            return Err(LimitsError(
+                "executors_max and grants_per_session_max must be at least 1",
+            ));
+        }
         Ok(())
     }
 
     /// The largest message accepted for `method` (client-service traffic carries payloads up to
-    /// `service_payload_bytes_max`; everything else is bounded by `message_bytes_max`).
+    /// `service_payload_bytes_max`, a blob upload its base64 plus envelope; everything else is
+    /// bounded by `message_bytes_max`). `None` is a response to a relayed request.
     pub fn message_bytes_max_for(&self, method: Option<&str>) -> usize {
+        if method == Some(crate::axp::BLOB_PUT) {
+            let upload =
+                usize::try_from(blob_message_bytes_max(self.blob_bytes_max)).unwrap_or(usize::MAX);
+            return upload.max(self.message_bytes_max as usize);
+        }
         let service = match method {
             None => true,
             Some(m) => m.starts_with("clientService/") || m.starts_with("client/"),
@@ -300,6 +370,13 @@ mod tests {
         assert_eq!(l.sessions_max, 10_000);
         assert_eq!(l.chat_bytes_max, 8 * 1024 * 1024);
         assert_eq!(l.chat_bytes_total_max, 512 * 1024 * 1024);
+        assert_eq!(l.blob_bytes_max, 16_000_000);
+        assert_eq!(l.blob_storage_bytes_max, 2_000_000_000);
+        // A maximal upload, as the reference sizes its frames (ceil(16e6 * 4 / 3) + room).
+        let upload = l.message_bytes_max_for(Some("_axp/blobPut"));
+        assert!(upload >= 21_333_336 + 4096, "{upload}");
+        assert!(upload <= l.frame_bytes_max as usize);
+        assert_eq!(l.message_bytes_max_for(Some("_axp/emit")), 65_536);
     }
 
     #[test]
@@ -334,6 +411,16 @@ mod tests {
         assert_eq!(
             l.validate(),
             Err(LimitsError("chat_bytes_max must be at least 1024"))
+        );
+        let l = Limits {
+            frame_bytes_max: 16 * 1024 * 1024,
+            ..Limits::default()
+        };
+        assert_eq!(
+            l.validate(),
+            Err(LimitsError(
+                "frame_bytes_max must hold a blob upload: blob_bytes_max as base64 plus 64 KiB"
+            ))
         );
         let l = Limits {
             chat_bytes_total_max: DEFAULT_CHAT_BYTES_MAX - 1,

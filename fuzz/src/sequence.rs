@@ -465,6 +465,11 @@ pub fn tight_limits(session_limit: u8) -> Limits {
         // A chat fills after about five short turns, two chats fill the host.
         chat_bytes_max: 1024,
         chat_bytes_total_max: 1536,
+        // Uploads must fit the small frames: 256 bytes of blob are 344 of base64.
+        blob_bytes_max: 256,
+        blob_storage_bytes_max: 4096,
+        executors_max: 2,
+        grants_per_session_max: 2,
     }
 }
 

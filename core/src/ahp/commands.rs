@@ -98,7 +98,7 @@ impl Sessions {
                 "Session already exists",
             ));
         }
-        if self.values().any(|e| !e.meta.closed && e.meta.task == task) {
+        if self.values().any(|e| !e.closed() && e.meta.task == task) {
             return Err(RpcError::conflict("An open session already owns this task"));
         }
         // After the duplicate checks, so a repeated create still hears that it exists.
@@ -106,7 +106,14 @@ impl Sessions {
             return Err(RpcError::limit("Session limit reached"));
         }
         k.room()?;
-        let mut entry = SessionEntry::create(&session, title, task, k.wall_ms());
+        let mut entry = SessionEntry::create(
+            &session,
+            title,
+            task,
+            k.wall_ms(),
+            self.repository(),
+            k.server_seq(),
+        );
         let records = entry.checkpoint(k.server_seq());
         let summary = entry.summary();
         let number = k.commit(Txn {

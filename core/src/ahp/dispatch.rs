@@ -6,23 +6,17 @@
 //! durable, or a JSON-RPC error and no echo (the AXP SDK dispatches this way, and a `null`
 //! beside a rejection would tell it a refused action succeeded).
 
-use ahp_types::actions::{
-    ActionOrigin, ChatPendingMessageRemovedAction, ChatTurnCancelledAction, ChatTurnStartedAction,
-    StateAction,
-};
-use ahp_types::state::{MessageKind, PendingMessageKind};
+use ahp_types::actions::{ActionOrigin, StateAction};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::ahp::clients::{ClientBindings, ClientRecord};
-use crate::ahp::session::{turn_cost, Which, HOST_TURN_ID_SHAPE};
 use crate::ahp::sessions::Sessions;
-use crate::ahp::tx::Tx;
+use crate::axp::turn;
 use crate::channel::ChannelRef;
-use crate::error::{RpcError, STALE, TURN_IN_PROGRESS};
+use crate::error::RpcError;
 use crate::host::parse_params;
-use crate::kernel::time::iso8601;
 use crate::kernel::Kernel;
 use crate::limits::ACTION_DEPTH_MAX;
 use crate::log::change::Receipt;
@@ -40,15 +34,6 @@ struct DispatchParams<'a> {
     client_seq: u64,
     #[serde(borrow)]
     action: &'a RawValue,
-}
-
-/// How long a turn ran, by the host's clock, never negative.
-pub(crate) fn elapsed_ms(started_at: &str, now_ms: u64) -> i64 {
-    let started = started_at
-        .parse::<jiff::Timestamp>()
-        .map(|t| t.as_millisecond())
-        .unwrap_or(now_ms as i64);
-    (now_ms as i64 - started).max(0)
 }
 
 /// What became of a dispatch that got past its envelope.
@@ -89,11 +74,14 @@ impl Sessions {
         };
         let target = ChannelRef::parse(&p.channel);
         let readable = match target {
-            ChannelRef::Root | ChannelRef::Catalog | ChannelRef::Unknown => true,
+            ChannelRef::Root
+            | ChannelRef::Catalog
+            | ChannelRef::Executors
+            | ChannelRef::Unknown => true,
             r => principal.can_read_session(r.session_id().unwrap_or_default()),
         };
         let exists = match target {
-            ChannelRef::Root | ChannelRef::Catalog => true,
+            ChannelRef::Root | ChannelRef::Catalog | ChannelRef::Executors => true,
             ChannelRef::Unknown => false,
             r => self.contains(r.session_id().unwrap_or_default()),
         };
@@ -167,7 +155,7 @@ impl Sessions {
             return Err(RpcError::forbidden("Only maintainers can do this"));
         }
         let id = match ChannelRef::parse(&p.channel) {
-            ChannelRef::Chat(id) if self.get(id).is_some_and(|e| !e.meta.closed) => id.to_owned(),
+            ChannelRef::Chat(id) if self.get(id).is_some_and(|e| !e.closed()) => id.to_owned(),
             _ => {
                 return Err(RpcError::invalid_params(
                     "This action must target an open session's chat",
@@ -206,10 +194,8 @@ impl Sessions {
                 "This action must target an open session's chat",
             ));
         };
-        let now_ms = k.wall_ms();
-        let built = self
-            .chat_action(k, &mut tx, action, origin.clone(), now_ms)
-            .and_then(|()| tx.sync_chat());
+        let built = turn::maintainer_action(k, self, &mut tx, owner, action, Some(origin.clone()))
+            .and_then(|()| turn::sync_chat(&mut tx));
         if let Err(e) = built {
             self.abort_tx(k, tx);
             return Err(e);
@@ -239,182 +225,6 @@ impl Sessions {
         clients.insert(client);
         Ok(Dispatched::Applied(n))
     }
-
-    /// Validates one maintainer chat action and emits it with the host's follow-ups.
-    fn chat_action<S: Store>(
-        &self,
-        k: &mut Kernel<S>,
-        tx: &mut Tx,
-        action: StateAction,
-        origin: ActionOrigin,
-        now_ms: u64,
-    ) -> Result<(), RpcError> {
-        let chat = &tx.entry.chat;
-        match action {
-            StateAction::ChatTurnStarted(mut a) => {
-                if chat.active_turn.is_some() {
-                    return Err(RpcError::new(
-                        TURN_IN_PROGRESS,
-                        "A turn is already running. Use steer or queue instead.",
-                    ));
-                }
-                if tx.entry.turn_ids.contains(&a.turn_id) {
-                    return Err(RpcError::conflict("Turn ID already exists"));
-                }
-                if a.message.origin.kind != MessageKind::User {
-                    return Err(RpcError::forbidden("Only user messages are accepted"));
-                }
-                self.chat_room(k, tx, turn_cost(&a.turn_id, &a.message))?;
-                // The host's clock decides when a turn started.
-                a.started_at = iso8601(now_ms);
-                tx.emit(Which::Chat, StateAction::ChatTurnStarted(a), Some(origin))
-            }
-            StateAction::ChatPendingMessageSet(a) => {
-                if a.message.origin.kind != MessageKind::User {
-                    return Err(RpcError::forbidden("Only user messages are accepted"));
-                }
-                let queued = chat.queued_messages.as_ref().map_or(0, Vec::len);
-                let replaces = chat
-                    .queued_messages
-                    .as_ref()
-                    .is_some_and(|q| q.iter().any(|m| m.id == a.id));
-                if a.kind == PendingMessageKind::Queued
-                    && !replaces
-                    && queued >= k.limits().pending_messages_max as usize
-                {
-                    return Err(RpcError::limit("Pending message limit reached"));
-                }
-                // A pending message is only ever started as a turn, with an id the host makes.
-                // Refused now if it could not be: the turns' cost never goes down, so a message
-                // that does not fit now never will.
-                self.chat_room(k, tx, turn_cost(HOST_TURN_ID_SHAPE, &a.message))?;
-                let steering = a.kind == PendingMessageKind::Steering;
-                tx.emit(
-                    Which::Chat,
-                    StateAction::ChatPendingMessageSet(a),
-                    Some(origin),
-                )?;
-                if steering {
-                    // Steering interrupts the running turn; it starts the next one.
-                    if let Some(active) = tx.entry.chat.active_turn.clone() {
-                        let cancel = ChatTurnCancelledAction {
-                            turn_id: active.id,
-                            duration: elapsed_ms(&active.started_at, now_ms),
-                            meta: None,
-                        };
-                        tx.emit(Which::Chat, StateAction::ChatTurnCancelled(cancel), None)?;
-                    }
-                }
-                self.next_turn(k, tx, now_ms)
-            }
-            StateAction::ChatPendingMessageRemoved(a) => {
-                let exists = match a.kind {
-                    PendingMessageKind::Steering => {
-                        chat.steering_message.as_ref().is_some_and(|m| m.id == a.id)
-                    }
-                    PendingMessageKind::Queued => chat
-                        .queued_messages
-                        .as_ref()
-                        .is_some_and(|q| q.iter().any(|m| m.id == a.id)),
-                };
-                if !exists {
-                    return Err(RpcError::conflict("Pending message not found"));
-                }
-                tx.emit(
-                    Which::Chat,
-                    StateAction::ChatPendingMessageRemoved(a),
-                    Some(origin),
-                )?;
-                // An idle chat holds pending messages only when the next one did not fit the
-                // chat limits; with it removed, the one after may.
-                self.next_turn(k, tx, now_ms)
-            }
-            StateAction::ChatTurnCancelled(mut a) => {
-                let Some(active) = chat.active_turn.as_ref().filter(|t| t.id == a.turn_id) else {
-                    return Err(RpcError::conflict("Turn is not active"));
-                };
-                // The host measured the turn: its clock decides the duration, as it decided
-                // `startedAt`, so `modifiedAt` (startedAt + duration) stays on the host's clock.
-                a.duration = elapsed_ms(&active.started_at, now_ms);
-                tx.emit(Which::Chat, StateAction::ChatTurnCancelled(a), Some(origin))?;
-                // The chat is idle now: a message queued during the turn starts, as after a
-                // steering interrupt.
-                self.next_turn(k, tx, now_ms)
-            }
-            StateAction::ChatToolCallConfirmed(_) => {
-                // Tool calls come from executors (AXP), and none holds a lease on this chat.
-                Err(RpcError::new(STALE, "Executor is no longer available"))
-            }
-            StateAction::Unknown(_) => Err(RpcError::invalid_params(
-                "Invalid AHP action: unknown action type",
-            )),
-            _ => Err(RpcError::forbidden(
-                "This AHP interaction is not supported by this host",
-            )),
-        }
-    }
-
-    /// Refuses a turn costing `cost` that would take the chat past `chat_bytes_max` or all
-    /// chats past `chat_bytes_total_max`.
-    fn chat_room<S: Store>(&self, k: &Kernel<S>, tx: &Tx, cost: u64) -> Result<(), RpcError> {
-        let limits = k.limits();
-        if tx.entry.chat_bytes + cost > limits.chat_bytes_max {
-            return Err(RpcError::limit(
-                "Chat size limit reached; continue in a new session",
-            ));
-        }
-        if tx.chat_bytes_total_with(self) + cost > limits.chat_bytes_total_max {
-            return Err(RpcError::limit("Host chat storage limit reached"));
-        }
-        Ok(())
-    }
-
-    /// Starts the next pending message as a turn when the chat is idle.
-    fn next_turn<S: Store>(
-        &self,
-        k: &mut Kernel<S>,
-        tx: &mut Tx,
-        now_ms: u64,
-    ) -> Result<(), RpcError> {
-        let chat = &tx.entry.chat;
-        if chat.active_turn.is_some() {
-            return Ok(());
-        }
-        let next = match (
-            &chat.steering_message,
-            chat.queued_messages.as_ref().and_then(|q| q.first()),
-        ) {
-            (Some(m), _) => (PendingMessageKind::Steering, m.clone()),
-            (None, Some(m)) => (PendingMessageKind::Queued, m.clone()),
-            (None, None) => return Ok(()),
-        };
-        let (kind, pending) = next;
-        // A message that no longer fits (other turns took the room since it was accepted)
-        // waits, pending, until it is removed; the chat stays idle.
-        if self
-            .chat_room(k, tx, turn_cost(HOST_TURN_ID_SHAPE, &pending.message))
-            .is_err()
-        {
-            return Ok(());
-        }
-        let removed = ChatPendingMessageRemovedAction {
-            kind,
-            id: pending.id.clone(),
-        };
-        tx.emit(
-            Which::Chat,
-            StateAction::ChatPendingMessageRemoved(removed),
-            None,
-        )?;
-        let started = ChatTurnStartedAction {
-            turn_id: k.uuid(),
-            started_at: iso8601(now_ms),
-            message: pending.message,
-            queued_message_id: (kind == PendingMessageKind::Queued).then_some(pending.id),
-            meta: None,
-        };
-        tx.emit(Which::Chat, StateAction::ChatTurnStarted(started), None)
-    }
 }
 
 /// The action as the echo may carry it: an action too deep to store is echoed as `null`
@@ -424,16 +234,5 @@ fn echoable(action: &RawValue) -> &str {
         action.get()
     } else {
         "null"
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn elapsed_never_negative() {
-        assert_eq!(elapsed_ms("1970-01-01T00:00:01.000Z", 3_000), 2_000);
-        assert_eq!(elapsed_ms("1970-01-01T00:00:05.000Z", 3_000), 0);
     }
 }

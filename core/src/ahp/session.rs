@@ -1,6 +1,7 @@
 //! Sessions and the AHP channels each one owns: `ahp-session:/ID`, its default chat
 //! `ahp-chat:/ID` and its changeset `ahp-changeset:/ID`, shaped as the AXP host creates them.
 
+use ahp_types::actions::StateAction;
 use ahp_types::state::{
     AgentInfo, ChangesetState, ChangesetStatus, ChatState, ChatSummary, Message, RootState,
     SessionLifecycle, SessionState, SessionSummary,
@@ -8,7 +9,9 @@ use ahp_types::state::{
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::channel::{changeset_uri, chat_uri, session_uri};
+use crate::axp::reducer::{reduce_exchange, AxpAction};
+use crate::axp::state::{ExchangeState, Status};
+use crate::channel::{changeset_uri, chat_uri, exchange_uri, session_uri};
 use crate::kernel::time::iso8601;
 use crate::log::change::{Event, Record, StoreError, Table};
 use crate::log::store::Store;
@@ -34,6 +37,17 @@ pub(crate) struct SessionMeta {
     /// are replayed through the reducers at load.
     #[serde(default)]
     pub(crate) checkpoint_seq: u64,
+    /// The `serverSeq` current when the session was created: its seeds' `fromSeq` in
+    /// `_axp/export`.
+    #[serde(default)]
+    pub(crate) created_seq: u64,
+    /// The title it was created with (its seeds'); `None` in stores written before it was kept.
+    #[serde(default)]
+    pub(crate) title: Option<String>,
+    /// What executors' output added to this chat's turns costs against the chat limits (see
+    /// [`response_cost`]), as of `checkpoint_seq`; events after it are charged as they replay.
+    #[serde(default)]
+    pub(crate) response_bytes: u64,
 }
 
 /// A session's states are rewritten in the store once the events written since the last
@@ -43,7 +57,7 @@ pub(crate) struct SessionMeta {
 /// and a restart replays no more event bytes than it reads state bytes.
 pub(crate) const CHECKPOINT_MIN_BYTES: usize = 64 * 1024;
 
-/// One session with its three channels' states.
+/// One session with its four channels' states.
 #[derive(Clone, Debug)]
 pub(crate) struct SessionEntry {
     pub(crate) id: String,
@@ -51,6 +65,8 @@ pub(crate) struct SessionEntry {
     pub(crate) session: SessionState,
     pub(crate) chat: ChatState,
     pub(crate) changeset: ChangesetState,
+    /// `axp-session:/ID`.
+    pub(crate) exchange: ExchangeState,
     /// Bytes of events committed since the stored states were last rewritten (memory only).
     pub(crate) bytes_since_checkpoint: usize,
     /// Bytes the last rewrite wrote (memory only).
@@ -58,7 +74,7 @@ pub(crate) struct SessionEntry {
     /// Every turn id this chat has used (memory only), so "turn id unused" is not a scan.
     pub(crate) turn_ids: std::collections::BTreeSet<String>,
     /// What this chat's turns cost against `chat_bytes_max`: the sum of [`turn_cost`] over
-    /// every turn it started (memory only; recomputed at load).
+    /// every turn it started, plus `meta.response_bytes` (memory only; recomputed at load).
     pub(crate) chat_bytes: u64,
 }
 
@@ -95,8 +111,15 @@ pub(crate) fn turn_cost(id: &str, message: &Message) -> u64 {
     count.0 + TURN_OVERHEAD_BYTES
 }
 
+/// What an executor's action adds to a turn costs against the chat limits: its JSON bytes as
+/// the host serializes it. Charged as each one arrives and never refunded (a delta's text stays
+/// in the turn for good), so a chat's response bytes are bounded like its messages.
+pub(crate) fn response_cost(action: &StateAction) -> u64 {
+    serde_json::to_vec(action).map_or(0, |v| v.len() as u64)
+}
+
 /// The cost of every turn `chat` holds, counted afresh: what `SessionEntry::chat_bytes` must
-/// equal.
+/// equal, less the response bytes executors added (which only the log can recount).
 pub(crate) fn chat_cost(chat: &ChatState) -> u64 {
     chat.turns
         .iter()
@@ -116,6 +139,7 @@ pub(crate) struct Touched {
     pub(crate) session: bool,
     pub(crate) chat: bool,
     pub(crate) changeset: bool,
+    pub(crate) exchange: bool,
 }
 
 impl Touched {
@@ -124,6 +148,7 @@ impl Touched {
         session: true,
         chat: true,
         changeset: true,
+        exchange: true,
     };
 }
 
@@ -139,8 +164,16 @@ pub(crate) enum RestoreError {
 }
 
 impl SessionEntry {
-    /// A new session as the AXP host creates it: ready, idle, one default chat, one changeset.
-    pub(crate) fn create(id: &str, title: String, task: String, now_ms: u64) -> SessionEntry {
+    /// A new session as the AXP host creates it: ready, idle, one default chat, one changeset,
+    /// an open exchange of `repository`. `seq` is the host's `serverSeq` when it is created.
+    pub(crate) fn create(
+        id: &str,
+        title: String,
+        task: String,
+        now_ms: u64,
+        repository: &str,
+        seq: u64,
+    ) -> SessionEntry {
         let chat = chat_uri(id);
         let now = iso8601(now_ms);
         let chat_state = ChatState {
@@ -173,17 +206,22 @@ impl SessionEntry {
                 "uriTemplate": changeset_uri(id),
                 "changeKind": "session"
             }],
+            "_meta": { AXP_CAPABILITY: { "channel": exchange_uri(id) } },
         }))
         // A literal shaped like the 0.9.0 type; a failure here is a bug, caught by unit tests.
         .expect("session literal matches SessionState");
         debug_assert_eq!(session.lifecycle, SessionLifecycle::Ready);
         SessionEntry {
             id: id.to_owned(),
+            exchange: ExchangeState::initial(id, repository, &task),
             meta: SessionMeta {
                 task,
                 created_at_ms: now_ms,
                 closed: false,
-                checkpoint_seq: 0,
+                checkpoint_seq: seq,
+                created_seq: seq,
+                title: Some(title),
+                response_bytes: 0,
             },
             session,
             chat: chat_state,
@@ -204,6 +242,34 @@ impl SessionEntry {
     pub(crate) fn turn_started(&mut self, id: &str, message: &Message) {
         self.turn_ids.insert(id.to_owned());
         self.chat_bytes += turn_cost(id, message);
+    }
+
+    /// Charges what a chat action costs against the chat limits: a started turn's message, an
+    /// executor's output (see [`response_cost`]). Applied to every chat action the host emits
+    /// and every one a load replays, so the running count is the same either way.
+    pub(crate) fn charge_chat_action(&mut self, action: &StateAction) {
+        if let StateAction::ChatTurnStarted(a) = action {
+            self.turn_started(&a.turn_id, &a.message);
+        } else if crate::axp::turn::is_executor_action(action) {
+            let cost = response_cost(action);
+            self.meta.response_bytes += cost;
+            self.chat_bytes += cost;
+        }
+    }
+
+    /// Applies an AXP action to the exchange, keeping what the meta mirrors of it (a closed
+    /// session frees its task).
+    pub(crate) fn apply_exchange(&mut self, action: &AxpAction) -> bool {
+        let applied = reduce_exchange(&mut self.exchange, action);
+        if self.exchange.status == Status::Closed {
+            self.meta.closed = true;
+        }
+        applied
+    }
+
+    /// Whether the session is closed (its chat takes no actions, its task is free).
+    pub(crate) fn closed(&self) -> bool {
+        self.meta.closed || self.exchange.status == Status::Closed
     }
 
     /// Whether the events since the last rewrite now justify rewriting the states.
@@ -253,12 +319,21 @@ impl SessionEntry {
                 serde_json::to_string(&self.changeset).unwrap_or_default(),
             );
         }
+        if touched.exchange {
+            put(
+                exchange_uri(&self.id),
+                serde_json::to_string(&self.exchange).unwrap_or_default(),
+            );
+        }
         out
     }
 
-    /// Rebuilds an entry from stored records; `None` if any is missing or unreadable.
+    /// Rebuilds an entry from stored records; `None` if any is missing or unreadable. A store
+    /// written before sessions had an exchange holds none: such a session gets a new one, of
+    /// `repository`.
     pub(crate) fn from_records(
         id: &str,
+        repository: &str,
         get: impl Fn(&str) -> Option<String>,
     ) -> Option<SessionEntry> {
         let texts = [
@@ -267,7 +342,13 @@ impl SessionEntry {
             get(&chat_uri(id))?,
             get(&changeset_uri(id))?,
         ];
+        let exchange_text = get(&exchange_uri(id));
         let chat: ChatState = serde_json::from_str(&texts[2]).ok()?;
+        let meta: SessionMeta = serde_json::from_str(&texts[0]).ok()?;
+        let exchange = match &exchange_text {
+            Some(text) => serde_json::from_str(text).ok()?,
+            None => ExchangeState::initial(id, repository, &meta.task),
+        };
         let turn_ids = chat
             .turns
             .iter()
@@ -276,13 +357,15 @@ impl SessionEntry {
             .collect();
         Some(SessionEntry {
             id: id.to_owned(),
-            meta: serde_json::from_str(&texts[0]).ok()?,
             session: serde_json::from_str(&texts[1]).ok()?,
-            chat_bytes: chat_cost(&chat),
+            chat_bytes: chat_cost(&chat) + meta.response_bytes,
+            meta,
             chat,
             changeset: serde_json::from_str(&texts[3]).ok()?,
+            exchange,
             bytes_since_checkpoint: 0,
-            checkpoint_bytes: texts.iter().map(String::len).sum(),
+            checkpoint_bytes: texts.iter().map(String::len).sum::<usize>()
+                + exchange_text.map_or(0, |t| t.len()),
             turn_ids,
         })
     }
@@ -293,6 +376,21 @@ impl SessionEntry {
         use ahp::reducers::{
             apply_action_to_changeset, apply_action_to_chat, apply_action_to_session,
         };
+        #[derive(serde::Deserialize)]
+        struct AxpEnvelope {
+            channel: String,
+            action: AxpAction,
+        }
+        if envelope.starts_with("{\"channel\":\"axp-session:/") {
+            // The exchange's own envelopes; AHP's `StateAction` does not know their actions.
+            let env: AxpEnvelope = serde_json::from_str(envelope).ok()?;
+            if env.channel != exchange_uri(&self.id) {
+                return None;
+            }
+            self.apply_exchange(&env.action);
+            self.bytes_since_checkpoint += envelope.len();
+            return Some(());
+        }
         let env: ahp_types::actions::ActionEnvelope = serde_json::from_str(envelope).ok()?;
         let outcome = match crate::channel::ChannelRef::parse(&env.channel) {
             crate::channel::ChannelRef::Session(id) if id == self.id => {
@@ -307,18 +405,19 @@ impl SessionEntry {
             _ => return None,
         };
         self.bytes_since_checkpoint += envelope.len();
-        if let ahp_types::actions::StateAction::ChatTurnStarted(a) = &env.action {
-            self.turn_started(&a.turn_id, &a.message);
+        if env.channel == chat_uri(&self.id) {
+            self.charge_chat_action(&env.action);
         }
         (outcome != ahp::reducers::ReduceOutcome::OutOfScope).then_some(())
     }
 
     /// Channels whose events a load replays.
-    pub(crate) fn channels(&self) -> [String; 3] {
+    pub(crate) fn channels(&self) -> [String; 4] {
         [
             session_uri(&self.id),
             chat_uri(&self.id),
             changeset_uri(&self.id),
+            exchange_uri(&self.id),
         ]
     }
 
@@ -327,6 +426,7 @@ impl SessionEntry {
     /// exists (its creation failed or was never made).
     pub(crate) fn restore<S: Store>(
         id: &str,
+        repository: &str,
         view: &mut View<'_, S>,
     ) -> Result<Option<SessionEntry>, RestoreError> {
         let mut records = std::collections::BTreeMap::new();
@@ -335,6 +435,7 @@ impl SessionEntry {
             session_uri(id),
             chat_uri(id),
             changeset_uri(id),
+            exchange_uri(id),
         ] {
             match view
                 .record(Table::State, &key)
@@ -346,11 +447,13 @@ impl SessionEntry {
                     records.insert(key, text);
                 }
                 None if key == meta_key(id) => return Ok(None),
+                // Stores written before sessions had an exchange (see `from_records`).
+                None if key == exchange_uri(id) => {}
                 None => return Err(RestoreError::Corrupt(key)),
             }
         }
         let mut events = Vec::new();
-        let entry = SessionEntry::from_records(id, |k| records.get(k).cloned())
+        let entry = SessionEntry::from_records(id, repository, |k| records.get(k).cloned())
             .ok_or_else(|| RestoreError::Corrupt(meta_key(id)))?;
         for channel in entry.channels() {
             let after = entry.meta.checkpoint_seq;
@@ -435,6 +538,7 @@ impl SessionEntry {
             Which::Session => serde_json::to_value(&self.session),
             Which::Chat => serde_json::to_value(&self.chat),
             Which::Changeset => serde_json::to_value(&self.changeset),
+            Which::Exchange => serde_json::to_value(&self.exchange),
         };
         v.unwrap_or(Value::Null)
     }
@@ -446,6 +550,7 @@ pub(crate) enum Which {
     Session,
     Chat,
     Changeset,
+    Exchange,
 }
 
 /// The root state: one agent (the AXP provider) and the AXP extension's pointers.
@@ -470,7 +575,11 @@ pub(crate) fn root_state() -> Value {
     if let Value::Object(m) = &mut v {
         m.insert(
             "_meta".into(),
-            json!({ AXP_CAPABILITY: { "version": AXP_VERSION } }),
+            json!({ AXP_CAPABILITY: {
+                "version": AXP_VERSION,
+                "memory": crate::channel::MEMORY,
+                "executors": crate::channel::EXECUTORS,
+            } }),
         );
     }
     v
@@ -482,11 +591,11 @@ mod tests {
 
     #[test]
     fn a_new_session_round_trips_through_its_records() {
-        let e = SessionEntry::create("s1", "T".into(), "task".into(), 1_000);
+        let e = SessionEntry::create("s1", "T".into(), "task".into(), 1_000, "repo", 0);
         assert_eq!(e.session.chats.len(), 1);
         assert_eq!(e.session.default_chat.as_deref(), Some("ahp-chat:/s1"));
         let records = e.records(Touched::ALL);
-        assert_eq!(records.len(), 4);
+        assert_eq!(records.len(), 5);
         let get = |k: &str| {
             records
                 .iter()
@@ -494,8 +603,9 @@ mod tests {
                 .and_then(|r| r.value.as_ref())
                 .map(|v| String::from_utf8_lossy(v).into_owned())
         };
-        let back = SessionEntry::from_records("s1", get).expect("rebuilt");
+        let back = SessionEntry::from_records("s1", "repo", get).expect("rebuilt");
         assert_eq!(back.session, e.session);
+        assert_eq!(back.exchange, e.exchange);
         assert_eq!(back.chat, e.chat);
         assert_eq!(back.meta, e.meta);
         assert_eq!(e.summary().created_at, "1970-01-01T00:00:01.000Z");

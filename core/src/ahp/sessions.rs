@@ -24,6 +24,8 @@ pub(crate) struct Sessions {
     /// The sum of every session's `chat_bytes`, held against `chat_bytes_total_max`.
     chat_bytes_total: u64,
     root_state: Value,
+    /// The repository every exchange belongs to (`HostConfig::repository`).
+    repository: String,
 }
 
 impl Sessions {
@@ -33,9 +35,10 @@ impl Sessions {
         k: &mut Kernel<S>,
     ) -> Result<Sessions, RestoreError> {
         let mut entries = BTreeMap::new();
+        let repository = k.config().repository.clone();
         for r in records.iter().filter(|r| r.table == Table::State) {
             if let Some(id) = SessionEntry::id_of_meta_key(&r.key) {
-                match SessionEntry::restore(id, &mut k.view())? {
+                match SessionEntry::restore(id, &repository, &mut k.view())? {
                     Some(entry) => {
                         entries.insert(id.to_owned(), entry);
                     }
@@ -49,6 +52,7 @@ impl Sessions {
             entries,
             chat_bytes_total,
             root_state: session::root_state(),
+            repository,
         })
     }
 
@@ -81,6 +85,11 @@ impl Sessions {
         self.chat_bytes_total
     }
 
+    /// The repository every exchange belongs to.
+    pub(crate) fn repository(&self) -> &str {
+        &self.repository
+    }
+
     /// Takes a session out of the table to build a change on it (see `ahp::tx`).
     pub(crate) fn take(&mut self, id: &str) -> Option<SessionEntry> {
         self.entries.remove(id)
@@ -100,7 +109,7 @@ impl Sessions {
     pub(crate) fn rebuild<S: Store>(&mut self, k: &mut Kernel<S>, id: &str) {
         let old = self.entries.remove(id).map_or(0, |e| e.chat_bytes);
         self.chat_bytes_total -= old;
-        match SessionEntry::restore(id, &mut k.view()) {
+        match SessionEntry::restore(id, &self.repository, &mut k.view()) {
             Ok(Some(entry)) => self.put(entry, 0),
             Ok(None) => {}
             Err(e) => panic!("session {id} cannot be rebuilt: {e:?}"),
@@ -116,7 +125,8 @@ impl Sessions {
             ChannelRef::Changeset(id) => {
                 self.entries.get(id).map(|e| e.state_json(Which::Changeset))
             }
-            ChannelRef::Catalog | ChannelRef::Unknown => None,
+            ChannelRef::Exchange(id) => self.entries.get(id).map(|e| e.state_json(Which::Exchange)),
+            ChannelRef::Catalog | ChannelRef::Executors | ChannelRef::Unknown => None,
         }
     }
 
@@ -200,7 +210,8 @@ impl Sessions {
         };
         let mut total = 0;
         for (id, entry) in &self.entries {
-            let counted = session::chat_cost(&entry.chat);
+            // Executors' output is charged as it arrives; only the log can recount it.
+            let counted = session::chat_cost(&entry.chat) + entry.meta.response_bytes;
             check(
                 Some(id),
                 counted,
@@ -225,7 +236,7 @@ mod tests {
 
     /// A table holding one session whose chat started one turn.
     fn with_a_turn() -> Sessions {
-        let mut entry = SessionEntry::create("s1", "t".into(), "task".into(), 0);
+        let mut entry = SessionEntry::create("s1", "t".into(), "task".into(), 0, "r", 0);
         let message: ahp_types::state::Message =
             serde_json::from_value(json!({"text": "hi", "origin": {"kind": "user"}}))
                 .expect("message");
@@ -241,6 +252,7 @@ mod tests {
             entries: BTreeMap::new(),
             chat_bytes_total: 0,
             root_state: session::root_state(),
+            repository: "r".into(),
         };
         sessions.put(entry, 0);
         sessions

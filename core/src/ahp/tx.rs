@@ -17,6 +17,7 @@ use ahp_types::actions::{
 
 use crate::ahp::session::{SessionEntry, Touched, Which};
 use crate::ahp::sessions::{Sessions, SummaryBefore};
+use crate::axp::reducer::AxpAction;
 use crate::channel::{changeset_uri, chat_uri, session_uri};
 use crate::error::RpcError;
 use crate::kernel::Kernel;
@@ -68,12 +69,17 @@ impl Tx {
             Which::Chat => apply_action_to_chat(&mut self.entry.chat, &action),
             Which::Session => apply_action_to_session(&mut self.entry.session, &action),
             Which::Changeset => apply_action_to_changeset(&mut self.entry.changeset, &action),
+            Which::Exchange => {
+                return Err(RpcError::invalid_params(
+                    "Invalid AHP action: wrong channel for this action",
+                ))
+            }
         };
         match outcome {
             ReduceOutcome::Applied | ReduceOutcome::NoOp => {
                 self.mutated = true;
-                if let StateAction::ChatTurnStarted(a) = &action {
-                    self.entry.turn_started(&a.turn_id, &a.message);
+                if which == Which::Chat {
+                    self.entry.charge_chat_action(&action);
                 }
             }
             // Both leave the state as it was.
@@ -99,6 +105,8 @@ impl Tx {
                 self.touched.changeset = true;
                 changeset_uri(&self.entry.id)
             }
+            // Refused above.
+            Which::Exchange => return Ok(()),
         };
         let seq = self.base_seq + self.events.len() as u64 + 1;
         let envelope = ActionEnvelope {
@@ -116,6 +124,38 @@ impl Tx {
             envelope: text.into(),
         });
         Ok(())
+    }
+
+    /// Reduces an AXP action into the session's exchange and records its envelope.
+    pub(crate) fn emit_axp(&mut self, action: AxpAction) {
+        self.entry.apply_exchange(&action);
+        self.mutated = true;
+        self.touched.exchange = true;
+        let channel = crate::channel::exchange_uri(&self.entry.id);
+        let envelope = axp_envelope(&channel, &action, self.next_seq());
+        self.push_event(channel, envelope);
+    }
+
+    /// Records the envelope of an action on a channel outside this session (the executor
+    /// registry), numbered in emission order with the session's own. The caller applies it
+    /// to the state that channel's owner keeps.
+    pub(crate) fn emit_elsewhere(&mut self, channel: &str, action: &AxpAction) {
+        let envelope = axp_envelope(channel, action, self.next_seq());
+        self.push_event(channel.to_owned(), envelope);
+    }
+
+    /// The number the next event gets.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.base_seq + self.events.len() as u64 + 1
+    }
+
+    fn push_event(&mut self, channel: String, envelope: String) {
+        let seq = self.next_seq();
+        self.events.push(Event {
+            seq,
+            channel: channel.into(),
+            envelope: envelope.into(),
+        });
     }
 
     /// Mirrors the chat's status and `modifiedAt` into the session's chat catalog.
@@ -142,37 +182,77 @@ impl Tx {
     }
 }
 
+/// The envelope of an AXP action: `{channel, action, serverSeq}`, in that order (the order
+/// `ActionEnvelope` spells, and the one a load's replay recognises exchange envelopes by).
+pub(crate) fn axp_envelope(channel: &str, action: &AxpAction, seq: u64) -> String {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Envelope<'a> {
+        channel: &'a str,
+        action: &'a AxpAction,
+        server_seq: u64,
+    }
+    // Strings, numbers and typed structs with string keys: serializing cannot fail.
+    serde_json::to_string(&Envelope {
+        channel,
+        action,
+        server_seq: seq,
+    })
+    .unwrap_or_default()
+}
+
 impl Sessions {
     /// Takes session `id` out of the table to build a change on it.
     pub(crate) fn begin<S: Store>(&mut self, k: &Kernel<S>, id: &str) -> Option<Tx> {
         self.take(id).map(|entry| Tx::new(entry, k.server_seq()))
     }
 
+    /// Takes session `id` out of the table to build a change on it whose events follow
+    /// `base_seq` (the events of a change built before it, issued together).
+    pub(crate) fn begin_at(&mut self, id: &str, base_seq: u64) -> Option<Tx> {
+        self.take(id).map(|entry| Tx::new(entry, base_seq))
+    }
+
     /// Issues `tx` with what `extra` adds (receipts, other records, other touched state):
     /// checkpoints the session if due, puts it back, and sends its events (once durable) to
     /// every subscriber and its summary change to root subscribers. Returns the change number.
     /// The caller checked `Kernel::room` before building.
-    pub(crate) fn commit_tx<S: Store>(&mut self, k: &mut Kernel<S>, mut tx: Tx, extra: Txn) -> u64 {
-        assert_eq!(
-            tx.base_seq,
-            k.server_seq(),
-            "session {} built on a stale serverSeq",
-            tx.entry.id
-        );
-        let events = std::mem::take(&mut tx.events);
-        let last_seq = events.last().map_or(tx.base_seq, |e| e.seq);
-        // Rewrite the session's states only once enough event bytes have accumulated; the
-        // events in between are replayed at load.
-        let entry = &mut tx.entry;
-        entry.bytes_since_checkpoint += events.iter().map(|e| e.envelope.len()).sum::<usize>();
-        let mut records = if entry.checkpoint_due() {
-            entry.checkpoint(last_seq)
-        } else {
-            Vec::new()
-        };
-        records.extend(extra.records);
-        let mut touched = extra.touched;
-        touched.push(write_path::Touched::Session(entry.id.clone()));
+    pub(crate) fn commit_tx<S: Store>(&mut self, k: &mut Kernel<S>, tx: Tx, extra: Txn) -> u64 {
+        self.commit_many(k, extra, vec![tx])
+    }
+
+    /// Issues one change holding `head` (its events numbered first, from `k.server_seq() + 1`)
+    /// and then each of `txs`, each built on the numbers before it (`begin_at`).
+    pub(crate) fn commit_many<S: Store>(
+        &mut self,
+        k: &mut Kernel<S>,
+        head: Txn,
+        txs: Vec<Tx>,
+    ) -> u64 {
+        let mut events = head.events;
+        let mut records = head.records;
+        let mut touched = head.touched;
+        let mut sealed = Vec::with_capacity(txs.len());
+        for mut tx in txs {
+            assert_eq!(
+                tx.base_seq,
+                k.server_seq() + events.len() as u64,
+                "session {} built on a stale serverSeq",
+                tx.entry.id
+            );
+            let own = std::mem::take(&mut tx.events);
+            let last_seq = own.last().map_or(tx.base_seq, |e| e.seq);
+            // Rewrite the session's states only once enough event bytes have accumulated;
+            // the events in between are replayed at load.
+            let entry = &mut tx.entry;
+            entry.bytes_since_checkpoint += own.iter().map(|e| e.envelope.len()).sum::<usize>();
+            if entry.checkpoint_due() {
+                records.extend(entry.checkpoint(last_seq));
+            }
+            touched.push(write_path::Touched::Session(entry.id.clone()));
+            events.extend(own);
+            sealed.push(tx);
+        }
         let frames: Vec<(std::sync::Arc<str>, crate::Frame)> = events
             .iter()
             .map(|e| {
@@ -184,19 +264,23 @@ impl Sessions {
             .collect();
         let number = k.commit(Txn {
             events,
-            receipts: extra.receipts,
+            receipts: head.receipts,
             records,
-            reservation: extra.reservation,
+            reservation: head.reservation,
             touched,
         });
-        let id = tx.entry.id.clone();
-        let session_touched = tx.touched.session;
-        let before = std::mem::take(&mut tx.summary_before);
-        self.put(tx.entry, tx.chat_bytes_before);
+        let mut summaries = Vec::new();
+        for mut tx in sealed {
+            let id = tx.entry.id.clone();
+            if tx.touched.session {
+                summaries.push((id, std::mem::take(&mut tx.summary_before)));
+            }
+            self.put(tx.entry, tx.chat_bytes_before);
+        }
         for (channel, frame) in frames {
             k.broadcast(&channel, &frame, number, None);
         }
-        if session_touched {
+        for (id, before) in summaries {
             self.summary_changed(k, &id, before, number);
         }
         number

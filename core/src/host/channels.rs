@@ -6,7 +6,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::channel::{self, ChannelRef};
+use crate::ahp::sessions::Sessions;
+use crate::channel::ChannelRef;
 use crate::error::RpcError;
 use crate::host::{parse_params, ChannelParams, Host};
 use crate::log::store::Store;
@@ -38,27 +39,14 @@ impl<S: Store> Host<S> {
 
     /// Checks that `principal` may read `uri` and that it exists.
     pub(crate) fn allowed(&self, principal: &Principal, uri: &str) -> Result<(), RpcError> {
-        let r = ChannelRef::parse(uri);
-        match r {
-            ChannelRef::Root | ChannelRef::Catalog => Ok(()),
-            ChannelRef::Unknown => Err(RpcError::not_found("Unknown channel")),
-            _ => {
-                let id = r.session_id().unwrap_or_default();
-                if !principal.can_read_session(id) {
-                    return Err(RpcError::forbidden("You don't have access to this channel"));
-                }
-                if !self.sessions.contains(id) {
-                    return Err(RpcError::not_found("Unknown channel"));
-                }
-                Ok(())
-            }
-        }
+        channel_allowed(principal, uri, &self.sessions)
     }
 
     /// The state of a channel as `viewer` sees it (the catalog differs per observer).
     pub(crate) fn state_for(&self, viewer: &Principal, uri: &str) -> Option<Value> {
         match ChannelRef::parse(uri) {
             ChannelRef::Catalog => Some(self.services.catalog_for(viewer)),
+            ChannelRef::Executors => Some(self.axp.registry_json()),
             _ => self.sessions.channel_state(uri),
         }
     }
@@ -110,22 +98,34 @@ impl<S: Store> Host<S> {
         }
         let p: P = parse_params(params)?;
         let principal = self.k.principal(conn)?;
-        let Some(rest) = p.uri.strip_prefix("axp-blob:/") else {
-            return Err(RpcError::forbidden("Only AXP blob resources are readable"));
-        };
-        // `axp-blob:/<encoded exchange channel>/<sha256>`: the owning session decides access.
-        let channel = rest
-            .rsplit_once('/')
-            .map(|(c, _)| percent_decode(c))
-            .unwrap_or_default();
-        let session = channel.strip_prefix("axp-session:/").unwrap_or_default();
-        if !channel::valid_session_id(session) {
-            return Err(RpcError::not_found("Blob not found"));
+        self.axp
+            .blobs
+            .resource_read(&mut self.k, &self.sessions, &principal, &p.uri)
+    }
+}
+
+/// Checks that `principal` may read `uri` and that it exists: the root, the catalog and the
+/// executor registry are everyone's; a session's channels are readable within the principal's
+/// scope (`-32009`) and exist with the session (`-32008`).
+pub(crate) fn channel_allowed(
+    principal: &Principal,
+    uri: &str,
+    sessions: &Sessions,
+) -> Result<(), RpcError> {
+    let r = ChannelRef::parse(uri);
+    match r {
+        ChannelRef::Root | ChannelRef::Catalog | ChannelRef::Executors => Ok(()),
+        ChannelRef::Unknown => Err(RpcError::not_found("Unknown channel")),
+        _ => {
+            let id = r.session_id().unwrap_or_default();
+            if !principal.can_read_session(id) {
+                return Err(RpcError::forbidden("You don't have access to this channel"));
+            }
+            if !sessions.contains(id) {
+                return Err(RpcError::not_found("Unknown channel"));
+            }
+            Ok(())
         }
-        if !principal.can_read_session(session) {
-            return Err(RpcError::forbidden("You don't have access to this channel"));
-        }
-        Err(RpcError::not_found("Blob not found in this session"))
     }
 }
 

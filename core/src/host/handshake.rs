@@ -19,9 +19,6 @@ use crate::services::ClientServices;
 /// Supported AHP protocol range: `>=0.9.0 <0.10.0`.
 pub(crate) const SUPPORTED_PROTOCOL_VERSIONS: &[&str] = &["0.9.0"];
 
-/// The `_axp/*` methods this host serves (advertised in `initialize`).
-pub(crate) const AXP_METHODS: &[&str] = &[];
-
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct InitializeParams {
@@ -155,10 +152,12 @@ impl<S: Store> Host<S> {
             "_meta": {
                 AXP_CAPABILITY: {
                     "version": AXP_VERSION,
-                    "methods": AXP_METHODS,
+                    "methods": crate::axp::method_names(),
                     "role": principal.role.as_str(),
                     "principal": principal.id,
+                    "repository": config.repository,
                     "lastClientSeq": last_client_seq,
+                    "memory": crate::channel::MEMORY,
                 },
                 crate::services::CAPABILITY: ClientServices::capability(&self.k),
             },

@@ -3,6 +3,8 @@
 
 use serde_json::Value;
 
+use std::collections::BTreeMap;
+
 use crate::ahp::clients::ClientRecord;
 use crate::host::Host;
 use crate::kernel::time::Instant;
@@ -11,6 +13,17 @@ use crate::limits::Limits;
 use crate::log::store::Store;
 use crate::net::connection::ConnId;
 use crate::principal::Principal;
+
+/// What [`Host::axp_inspect`] returns: the AXP state as JSON, shaped as the wire shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AxpInspect {
+    /// Each session's exchange state (`axp-session:/ID`), by session id.
+    pub exchanges: BTreeMap<String, Value>,
+    /// The state of `axp-executors://` (`{resource, entries}`).
+    pub executors: Value,
+    /// Bytes and index entries the stored blobs charge against `blob_storage_bytes_max`.
+    pub blob_storage_bytes: u64,
+}
 
 impl<S: Store> Host<S> {
     /// Open connections, including ones the host is closing.
@@ -68,7 +81,10 @@ impl<S: Store> Host<S> {
     /// snapshot would carry it. The catalog has no single state: see
     /// [`Host::channel_state_for`].
     pub fn channel_state(&self, uri: &str) -> Option<Value> {
-        self.sessions.channel_state(uri)
+        match crate::channel::ChannelRef::parse(uri) {
+            crate::channel::ChannelRef::Executors => Some(self.axp.registry_json()),
+            _ => self.sessions.channel_state(uri),
+        }
     }
 
     /// The state of a channel as `viewer` sees it.
@@ -134,6 +150,24 @@ impl<S: Store> Host<S> {
     /// Frames held for `conn` until their changes are durable.
     pub fn held_frames(&self, conn: ConnId) -> usize {
         self.k.conns().held_count(conn)
+    }
+
+    /// The AXP state the host holds (changes in flight included), for oracles: every
+    /// session's exchange state (`axp-session:/ID`) by session id, the executor registry
+    /// (`axp-executors://`) and what stored blobs take against `blob_storage_bytes_max`.
+    pub fn axp_inspect(&self) -> AxpInspect {
+        AxpInspect {
+            exchanges: self
+                .sessions
+                .values()
+                .map(|e| {
+                    let state = serde_json::to_value(&e.exchange).unwrap_or(Value::Null);
+                    (e.id.clone(), state)
+                })
+                .collect(),
+            executors: self.axp.registry_json(),
+            blob_storage_bytes: self.axp.blobs.used(),
+        }
     }
 
     /// The store, for inspection.

@@ -6,9 +6,11 @@
 //! `reconnect` bind, subscribe and snapshot whatever channel is named). A failed commit is
 //! rolled back here too, because it touches every component: see [`Host::handle`].
 
-mod channels;
+pub(crate) mod channels;
 mod handshake;
 mod inspect;
+
+pub use inspect::AxpInspect;
 mod router;
 
 use std::sync::Arc;
@@ -19,6 +21,7 @@ use serde_json::value::RawValue;
 use crate::ahp::clients::{ClientBindings, ClientRecord};
 use crate::ahp::session::RestoreError;
 use crate::ahp::sessions::Sessions;
+use crate::axp::Axp;
 use crate::error::RpcError;
 use crate::kernel::time::{Instant, Now, Timer};
 use crate::kernel::{HostConfig, Kernel};
@@ -114,6 +117,7 @@ pub struct Host<S: Store> {
     sessions: Sessions,
     clients: ClientBindings,
     services: ClientServices,
+    axp: Axp,
 }
 
 impl<S: Store> Host<S> {
@@ -135,11 +139,17 @@ impl<S: Store> Host<S> {
                 .ok_or_else(|| HostError::CorruptRecord(r.key.clone()))?;
             clients.push(record);
         }
+        let mut axp = Axp::load(&loaded.records).map_err(HostError::CorruptRecord)?;
+        let mut sessions = sessions;
+        // Nothing that ran before this process may continue unvouched: leases end and
+        // executors go offline, as one change (issued only if there is anything to end).
+        axp.on_start(&mut k, &mut sessions);
         Ok(Host {
             k,
             sessions,
             clients: ClientBindings::load(clients),
             services,
+            axp,
         })
     }
 
@@ -177,8 +187,15 @@ impl<S: Store> Host<S> {
         };
         for touched in &failed.touched {
             match touched {
-                Touched::Session(id) => self.sessions.rebuild(&mut self.k, id),
+                Touched::Session(id) => {
+                    self.sessions.rebuild(&mut self.k, id);
+                    if let Some(entry) = self.sessions.get(id) {
+                        crate::axp::lease::note(&mut self.k, id, &entry.exchange);
+                    }
+                }
                 Touched::Client(id) => self.clients.rebuild(&mut self.k, id),
+                Touched::Executor(id) => self.axp.executors.rebuild(&mut self.k, id),
+                Touched::BlobAccess(key) => self.axp.blobs.rebuild(&mut self.k, key),
             }
         }
         self.k.after_failure(&failed);
@@ -212,6 +229,10 @@ impl<S: Store> Host<S> {
                     }
                 }
                 Timer::Relay(host_id) => self.services.relay_timeout(&mut self.k, host_id),
+                Timer::Lease(id) => {
+                    crate::axp::lease::on_timer(&mut self.k, &mut self.sessions, &id)
+                }
+                Timer::Executor(id) => self.axp.executors.on_timer(&mut self.k, &id),
             }
         }
         self.reap();

@@ -23,6 +23,8 @@ enum Route {
     Ahp,
     /// Client services.
     Services,
+    /// The AXP exchange (`_axp/*`).
+    Axp,
     /// Nothing here.
     Unknown,
 }
@@ -33,6 +35,7 @@ fn route(method: &str) -> Route {
         "initialize" | "reconnect" => Route::Handshake,
         "subscribe" | "unsubscribe" | "resourceRead" => Route::Channels,
         "createSession" | "listSessions" | "dispatchAction" => Route::Ahp,
+        m if m.starts_with("_axp/") => Route::Axp,
         m if m.starts_with("client/")
             || m.starts_with("clientService/")
             || m == "$/cancelRequest" =>
@@ -127,6 +130,10 @@ impl<S: Store> Host<S> {
             Route::Services => self
                 .services
                 .handle_request(&mut self.k, conn, id, method, params),
+            Route::Axp => {
+                self.axp
+                    .handle_request(&mut self.k, &mut self.sessions, conn, id, method, params)
+            }
             Route::Unknown => {
                 let e = RpcError::new(METHOD_NOT_FOUND, "Unknown method");
                 self.k.reply_error(conn, id, &e);
@@ -210,7 +217,8 @@ mod tests {
         assert_eq!(route("client/registerService"), Route::Services);
         assert_eq!(route("clientService/request"), Route::Services);
         assert_eq!(route("$/cancelRequest"), Route::Services);
-        assert_eq!(route("_axp/claim"), Route::Unknown);
+        assert_eq!(route("_axp/claim"), Route::Axp);
+        assert_eq!(route("_axp/checkpoint"), Route::Axp);
         assert_eq!(route("nope"), Route::Unknown);
     }
 }

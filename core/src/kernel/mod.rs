@@ -41,6 +41,9 @@ pub struct HostConfig {
     pub server_version: String,
     /// Groups of principal ids whose client services may see and call each other.
     pub trust_groups: Vec<Vec<String>>,
+    /// The repository this host serves (one per host, as in the AXP host): every exchange
+    /// names it and `initialize` advertises it. The driver binds it to its database.
+    pub repository: String,
 }
 
 impl Default for HostConfig {
@@ -50,6 +53,7 @@ impl Default for HostConfig {
             server_name: "axhost".into(),
             server_version: env!("CARGO_PKG_VERSION").into(),
             trust_groups: Vec::new(),
+            repository: "default".into(),
         }
     }
 }

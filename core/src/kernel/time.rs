@@ -76,6 +76,10 @@ pub(crate) enum Timer {
     Handshake(ConnId),
     /// A relayed client-service request times out (host-allocated id).
     Relay(u64),
+    /// The lease on AXP session `id` may have expired (its exchange says when).
+    Lease(String),
+    /// The AXP executor `id` may have outlived its registration (its entry says when).
+    Executor(String),
 }
 
 /// Deadlines, ordered. Arming a timer again replaces its deadline.

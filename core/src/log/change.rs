@@ -19,18 +19,41 @@ pub enum Table {
     State,
     /// A clientId binding, keyed by clientId (JSON of `ClientRecord`).
     Client,
+    /// An AXP executor registry entry, keyed by executor id (JSON of `ExecutorInfo`).
+    Executor,
+    /// An AXP blob's bytes, keyed by their SHA-256 hex digest. Raw bytes, not JSON; never
+    /// loaded at start (see [`Table::loaded_at_start`]), read one at a time when asked for.
+    Blob,
+    /// A session's access to a blob, keyed `<exchange URI>\n<digest>` (JSON
+    /// `{"mediaType","size"}`): what the host indexes blobs by, loaded at start.
+    BlobAccess,
 }
 
 impl Table {
     /// Every table, in a stable order.
-    pub const ALL: [Table; 2] = [Table::State, Table::Client];
+    pub const ALL: [Table; 5] = [
+        Table::State,
+        Table::Client,
+        Table::Executor,
+        Table::Blob,
+        Table::BlobAccess,
+    ];
 
     /// The stable name stores file this table under.
     pub fn name(self) -> &'static str {
         match self {
             Table::State => "state",
             Table::Client => "client",
+            Table::Executor => "executor",
+            Table::Blob => "blob",
+            Table::BlobAccess => "blob_access",
         }
+    }
+
+    /// Whether `Store::load` returns this table's records. Blob bytes are not: a host holds
+    /// gigabytes of them at most and needs none to start (their index is `BlobAccess`).
+    pub fn loaded_at_start(self) -> bool {
+        !matches!(self, Table::Blob)
     }
 
     /// The table named `name`, if any.
@@ -46,7 +69,7 @@ pub struct Record {
     pub table: Table,
     /// Its key within the table.
     pub key: String,
-    /// The new value (UTF-8 JSON for every table so far); `None` deletes the record.
+    /// The new value (UTF-8 JSON, raw bytes for [`Table::Blob`]); `None` deletes the record.
     pub value: Option<Bytes>,
 }
 
@@ -57,6 +80,15 @@ impl Record {
             table,
             key: key.into(),
             value: Some(Arc::from(text.as_bytes())),
+        }
+    }
+
+    /// A record holding raw bytes.
+    pub fn bytes(table: Table, key: impl Into<String>, value: Bytes) -> Record {
+        Record {
+            table,
+            key: key.into(),
+            value: Some(value),
         }
     }
 
@@ -173,7 +205,7 @@ pub struct StoredRecord {
 pub struct Loaded {
     /// The highest `serverSeq` mark ever committed (0 for a new store).
     pub server_seq: u64,
-    /// Every record, sorted by table, then key.
+    /// Every record of the tables [`Table::loaded_at_start`] names, sorted by table, then key.
     pub records: Vec<StoredRecord>,
     /// The newest events, oldest first, at most the number asked for.
     pub events_tail: Vec<Event>,
@@ -202,6 +234,9 @@ mod tests {
         }
         assert_eq!(Table::State.name(), "state");
         assert_eq!(Table::Client.name(), "client");
+        assert_eq!(Table::BlobAccess.name(), "blob_access");
+        assert!(!Table::Blob.loaded_at_start());
+        assert!(Table::BlobAccess.loaded_at_start());
         assert_eq!(Table::from_name("nope"), None);
     }
 

@@ -20,8 +20,8 @@ use crate::log::change::{Bytes, Change, Event, Loaded, Receipt, StoreError, Stor
 /// Returning `Err` is always allowed; the host then answers as for a failed commit, or (where a
 /// read was needed to know its own state) stops. Every `Err` is safe: nothing was changed.
 pub trait Store {
-    /// Everything committed, with at most `events_tail_max` of the newest events. Called
-    /// once, by `Host::new`.
+    /// Everything committed (records of the tables `Table::loaded_at_start` names), with at
+    /// most `events_tail_max` of the newest events. Called once, by `Host::new`.
     fn load(&mut self, events_tail_max: u32) -> Result<Loaded, StoreError>;
     /// The receipt stored under `(owner, key)`, if any.
     fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError>;
@@ -145,6 +145,7 @@ impl Store for MemStore {
             records: self
                 .records
                 .iter()
+                .filter(|((table, _), _)| table.loaded_at_start())
                 .map(|((table, key), value)| StoredRecord {
                     table: *table,
                     key: key.clone(),

@@ -26,6 +26,10 @@ pub(crate) enum Touched {
     Session(String),
     /// A clientId binding.
     Client(String),
+    /// An AXP executor registry entry, by executor id.
+    Executor(String),
+    /// A session's access to an AXP blob, by `BlobAccess` key (`<exchange>\n<digest>`).
+    BlobAccess(String),
 }
 
 /// One durable change being built.

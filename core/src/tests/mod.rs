@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+mod axp;
 mod schema;
 mod services;
 mod write_path;

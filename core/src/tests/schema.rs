@@ -57,6 +57,52 @@ fn load(name: &str) -> Value {
         "client-services/initialize-meta" => {
             include_str!("../../../schema/client-services/initialize-meta.schema.json")
         }
+        "axp/blob-get.params" => include_str!("../../../schema/axp/blob-get.params.schema.json"),
+        "axp/blob-get.result" => include_str!("../../../schema/axp/blob-get.result.schema.json"),
+        "axp/blob-put.params" => include_str!("../../../schema/axp/blob-put.params.schema.json"),
+        "axp/blob-put.result" => include_str!("../../../schema/axp/blob-put.result.schema.json"),
+        "axp/claim.params" => include_str!("../../../schema/axp/claim.params.schema.json"),
+        "axp/claim.result" => include_str!("../../../schema/axp/claim.result.schema.json"),
+        "axp/close.params" => include_str!("../../../schema/axp/close.params.schema.json"),
+        "axp/close.result" => include_str!("../../../schema/axp/close.result.schema.json"),
+        "axp/comment-added.action" => {
+            include_str!("../../../schema/axp/comment-added.action.schema.json")
+        }
+        "axp/comment.params" => include_str!("../../../schema/axp/comment.params.schema.json"),
+        "axp/comment.result" => include_str!("../../../schema/axp/comment.result.schema.json"),
+        "axp/dispatch.params" => include_str!("../../../schema/axp/dispatch.params.schema.json"),
+        "axp/dispatch.result" => include_str!("../../../schema/axp/dispatch.result.schema.json"),
+        "axp/emit.params" => include_str!("../../../schema/axp/emit.params.schema.json"),
+        "axp/emit.result" => include_str!("../../../schema/axp/emit.result.schema.json"),
+        "axp/exchange.state" => include_str!("../../../schema/axp/exchange.state.schema.json"),
+        "axp/executor-changed.action" => {
+            include_str!("../../../schema/axp/executor-changed.action.schema.json")
+        }
+        "axp/executors.state" => include_str!("../../../schema/axp/executors.state.schema.json"),
+        "axp/export.params" => include_str!("../../../schema/axp/export.params.schema.json"),
+        "axp/export.result" => include_str!("../../../schema/axp/export.result.schema.json"),
+        "axp/grant-changed.action" => {
+            include_str!("../../../schema/axp/grant-changed.action.schema.json")
+        }
+        "axp/grant.params" => include_str!("../../../schema/axp/grant.params.schema.json"),
+        "axp/grant.result" => include_str!("../../../schema/axp/grant.result.schema.json"),
+        "axp/lease-changed.action" => {
+            include_str!("../../../schema/axp/lease-changed.action.schema.json")
+        }
+        "axp/register.params" => include_str!("../../../schema/axp/register.params.schema.json"),
+        "axp/register.result" => include_str!("../../../schema/axp/register.result.schema.json"),
+        "axp/release.params" => include_str!("../../../schema/axp/release.params.schema.json"),
+        "axp/release.result" => include_str!("../../../schema/axp/release.result.schema.json"),
+        "axp/renew.params" => include_str!("../../../schema/axp/renew.params.schema.json"),
+        "axp/renew.result" => include_str!("../../../schema/axp/renew.result.schema.json"),
+        "axp/reserve.params" => include_str!("../../../schema/axp/reserve.params.schema.json"),
+        "axp/reserve.result" => include_str!("../../../schema/axp/reserve.result.schema.json"),
+        "axp/reserved.action" => include_str!("../../../schema/axp/reserved.action.schema.json"),
+        "axp/revoke.params" => include_str!("../../../schema/axp/revoke.params.schema.json"),
+        "axp/revoke.result" => include_str!("../../../schema/axp/revoke.result.schema.json"),
+        "axp/settle.params" => include_str!("../../../schema/axp/settle.params.schema.json"),
+        "axp/settle.result" => include_str!("../../../schema/axp/settle.result.schema.json"),
+        "axp/settled.action" => include_str!("../../../schema/axp/settled.action.schema.json"),
         other => panic!("no schema named {other}"),
     };
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -92,7 +138,10 @@ fn validate(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
         "minLength",
         "maxLength",
         "minimum",
+        "maximum",
+        "minItems",
         "maxItems",
+        "uniqueItems",
         "pattern",
     ];
     for key in schema
@@ -139,6 +188,11 @@ fn validate(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
             return Err(format!("{path}: below {min}"));
         }
     }
+    if let (Some(n), Some(max)) = (v.as_f64(), schema.get("maximum").and_then(Value::as_f64)) {
+        if n > max {
+            return Err(format!("{path}: above {max}"));
+        }
+    }
     if let Some(obj) = v.as_object() {
         for r in schema
             .get("required")
@@ -169,6 +223,18 @@ fn validate(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
                 return Err(format!("{path}: more than {max} items"));
             }
         }
+        if let Some(min) = schema.get("minItems").and_then(Value::as_u64) {
+            if (items.len() as u64) < min {
+                return Err(format!("{path}: fewer than {min} items"));
+            }
+        }
+        if schema.get("uniqueItems") == Some(&Value::Bool(true)) {
+            for (i, x) in items.iter().enumerate() {
+                if items[..i].contains(x) {
+                    return Err(format!("{path}[{i}]: repeats an earlier item"));
+                }
+            }
+        }
         if let Some(s) = schema.get("items") {
             for (i, x) in items.iter().enumerate() {
                 validate(s, x, &format!("{path}[{i}]"))?;
@@ -178,7 +244,7 @@ fn validate(schema: &Value, v: &Value, path: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check(name: &str, v: &Value) {
+pub(super) fn check(name: &str, v: &Value) {
     if let Err(e) = validate(&load(name), v, name) {
         panic!("{e}\nvalue: {v}");
     }

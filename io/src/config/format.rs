@@ -231,6 +231,10 @@ raw_limits! {
     sessions_max: u32,
     chat_bytes_max: u64,
     chat_bytes_total_max: u64,
+    blob_bytes_max: u64,
+    blob_storage_bytes_max: u64,
+    executors_max: u32,
+    grants_per_session_max: u32,
     }
     driver {
         pre_auth_sockets_max: u32,

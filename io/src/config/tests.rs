@@ -312,10 +312,11 @@ fn tuning_keys_at_the_top_level_are_still_read_and_saved_under_tuning() {
 #[test]
 fn driver_limits_live_in_limits_and_are_checked() {
     let c =
-        parse("[limits]\npre_auth_sockets_max = 8\npartial_message_bytes_total_max = 4194304\n")
+        parse("[limits]\npre_auth_sockets_max = 8\npartial_message_bytes_total_max = 33554432\n")
             .expect("valid");
     assert_eq!(c.driver_limits.pre_auth_sockets_max, 8);
-    assert_eq!(c.driver_limits.partial_message_bytes_total_max, 4 << 20);
+    // At least the largest message (a blob upload, up to frame_bytes_max).
+    assert_eq!(c.driver_limits.partial_message_bytes_total_max, 32 << 20);
     assert_eq!(c.limits, Limits::default());
     assert_eq!(
         parse("").expect("empty").driver_limits,

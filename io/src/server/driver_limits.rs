@@ -75,15 +75,17 @@ impl DriverLimits {
 /// relayed request failed at once), the way clients learn what they did wrong; past that it is
 /// no mistake worth memory.
 ///
-/// Every role sends the same kinds of messages today. Uploads (`_axp/blobPut`, ~21 MB) will be
-/// the first that only some roles may send: maintainers and contributors get their allowance
-/// here, verifiers and observers keep the largest non-upload message.
+/// Uploads (`_axp/blobPut`, ~21.4 MB by default) are the one message only some roles may send:
+/// maintainers, contributors and verifiers may upload and get that allowance here; observers
+/// may not, and keep the largest non-upload message.
 pub fn message_bytes_max_for_role(limits: &Limits, role: Role) -> usize {
     let frame_max = usize::try_from(limits.frame_bytes_max).unwrap_or(usize::MAX);
     let largest_non_upload = limits.message_bytes_max_for(None);
     let largest = match role {
-        Role::Maintainer | Role::Contributor => largest_non_upload,
-        Role::Verifier | Role::Observer => largest_non_upload,
+        Role::Maintainer | Role::Contributor | Role::Verifier => {
+            largest_non_upload.max(limits.message_bytes_max_for(Some("_axp/blobPut")))
+        }
+        Role::Observer => largest_non_upload,
     };
     largest.saturating_mul(2).min(frame_max)
 }
@@ -98,26 +100,26 @@ mod tests {
     }
 
     #[test]
-    fn every_role_is_capped_at_twice_the_largest_message_and_by_the_frame_limit() {
+    fn uploaders_may_send_a_maximal_blob_and_observers_twice_the_largest_other_message() {
         let limits = Limits::default();
-        for role in [
-            Role::Maintainer,
-            Role::Contributor,
-            Role::Verifier,
-            Role::Observer,
-        ] {
-            assert_eq!(
-                message_bytes_max_for_role(&limits, role),
-                2 * (1024 * 1024 + 64 * 1024),
-                "{role}"
-            );
+        let upload = limits.message_bytes_max_for(Some("_axp/blobPut"));
+        for role in [Role::Maintainer, Role::Contributor, Role::Verifier] {
+            let cap = message_bytes_max_for_role(&limits, role);
+            assert!(cap >= upload, "{role} can upload a maximal blob");
+            assert_eq!(cap, limits.frame_bytes_max as usize, "{role}");
         }
+        assert_eq!(
+            message_bytes_max_for_role(&limits, Role::Observer),
+            2 * (1024 * 1024 + 64 * 1024)
+        );
         let small = Limits {
             frame_bytes_max: 70_000,
             service_payload_bytes_max: 1024,
+            blob_bytes_max: 1024,
             ..Limits::default()
         };
         assert_eq!(message_bytes_max_for_role(&small, Role::Observer), 70_000);
+        assert_eq!(message_bytes_max_for_role(&small, Role::Verifier), 70_000);
     }
 
     #[test]

@@ -90,8 +90,19 @@ impl Store for SqliteReader {
         })?;
         let mut records = Vec::new();
         {
+            // Tables that are not loaded (blob bytes) are not even read: a host may hold
+            // gigabytes of them. Their names are the core's stable constants, not input.
+            let skipped: Vec<String> = Table::ALL
+                .into_iter()
+                .filter(|t| !t.loaded_at_start())
+                .map(|t| format!("'{}'", t.name()))
+                .collect();
+            let query = format!(
+                "SELECT tbl, key, value FROM records WHERE tbl NOT IN ({}) ORDER BY tbl, key",
+                skipped.join(",")
+            );
             let mut stmt = tx
-                .prepare_cached("SELECT tbl, key, value FROM records ORDER BY tbl, key")
+                .prepare_cached(&query)
                 .map_err(sql("preparing the records query"))?;
             let mut rows = stmt.query([]).map_err(sql("reading records"))?;
             while let Some(row) = rows.next().map_err(sql("reading records"))? {
@@ -100,6 +111,10 @@ impl Store for SqliteReader {
                 // than run without state that build relies on.
                 let table = Table::from_name(&name)
                     .ok_or_else(|| StoreError(format!("records of an unknown table {name:?}")))?;
+                if !table.loaded_at_start() {
+                    // Blob bytes stay on disk; the core reads one when asked for it.
+                    continue;
+                }
                 let key: String = row.get(1).map_err(sql("reading records"))?;
                 let value = row
                     .get_ref(2)

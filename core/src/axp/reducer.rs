@@ -1,0 +1,198 @@
+//! The AXP actions and their pure reducers: what clients apply to their copy of
+//! `axp-session:/ID` and `axp-executors://`, and what the host applies to its own.
+//!
+//! Reducers never validate: authority and transition validity belong to the host, which
+//! checks them before emitting. An action of a type a reducer does not know leaves the state
+//! as it was.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::axp::state::{
+    Context, DiscussionComment, ExchangeState, ExecutorInfo, Grant, Lease, Reservation, Status,
+    Usage, UsageEntry,
+};
+
+/// Every AXP action, tagged by `type` as the wire spells it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub(crate) enum AxpAction {
+    #[serde(rename = "_axp/leaseChanged")]
+    LeaseChanged {
+        lease: Option<Lease>,
+        epoch: u64,
+        status: Status,
+    },
+    #[serde(rename = "_axp/grantChanged")]
+    GrantChanged { grant: Grant },
+    #[serde(rename = "_axp/reserved")]
+    Reserved { reservation: Reservation },
+    #[serde(rename = "_axp/settled", rename_all = "camelCase")]
+    Settled {
+        turn_id: String,
+        grant: Grant,
+        usage: Usage,
+    },
+    #[serde(rename = "_axp/commentAdded")]
+    CommentAdded { comment: DiscussionComment },
+    #[serde(rename = "_axp/checkpointChanged")]
+    CheckpointChanged { checkpoint: Value },
+    #[serde(rename = "_axp/compactionProposed")]
+    CompactionProposed { proposal: Value },
+    #[serde(rename = "_axp/contextChanged")]
+    ContextChanged { context: Context },
+    #[serde(rename = "_axp/reviewChanged")]
+    ReviewChanged { review: Value },
+    #[serde(rename = "_axp/verificationChanged")]
+    VerificationChanged { verification: Value },
+    #[serde(rename = "_axp/executorChanged")]
+    ExecutorChanged { executor: ExecutorInfo },
+    /// Any other type: reducers leave the state unchanged.
+    #[serde(other)]
+    Unknown,
+}
+
+impl AxpAction {
+    /// Every type this host emits or applies, as the wire spells it (for tests and schemas).
+    #[cfg(test)]
+    pub(crate) const TYPES: [&'static str; 11] = [
+        "_axp/leaseChanged",
+        "_axp/grantChanged",
+        "_axp/reserved",
+        "_axp/settled",
+        "_axp/commentAdded",
+        "_axp/checkpointChanged",
+        "_axp/compactionProposed",
+        "_axp/contextChanged",
+        "_axp/reviewChanged",
+        "_axp/verificationChanged",
+        "_axp/executorChanged",
+    ];
+}
+
+/// Applies `action` to an exchange. Returns whether it is an exchange action (the others,
+/// executor changes and unknown types, leave it as it was).
+pub(crate) fn reduce_exchange(state: &mut ExchangeState, action: &AxpAction) -> bool {
+    match action {
+        AxpAction::LeaseChanged {
+            lease,
+            epoch,
+            status,
+        } => {
+            state.lease = lease.clone();
+            state.epoch = *epoch;
+            state.status = *status;
+        }
+        AxpAction::GrantChanged { grant } => {
+            state.grants.insert(grant.id.clone(), grant.clone());
+        }
+        AxpAction::Reserved { reservation } => state.reservation = Some(reservation.clone()),
+        AxpAction::Settled {
+            turn_id,
+            grant,
+            usage,
+        } => {
+            state.reservation = None;
+            state.grants.insert(grant.id.clone(), grant.clone());
+            state.usage.push(UsageEntry {
+                turn_id: turn_id.clone(),
+                grant_id: grant.id.clone(),
+                usage: usage.clone(),
+            });
+        }
+        AxpAction::CommentAdded { comment } => state
+            .discussion
+            .get_or_insert_with(Vec::new)
+            .push(comment.clone()),
+        AxpAction::CheckpointChanged { checkpoint } => {
+            // A new checkpoint invalidates the review and verification of the old one.
+            state.checkpoint = Some(checkpoint.clone());
+            state.review = None;
+            state.verification = None;
+        }
+        AxpAction::CompactionProposed { proposal } => state.compaction = Some(proposal.clone()),
+        AxpAction::ContextChanged { context } => {
+            state.context = context.clone();
+            state.compaction = None;
+        }
+        AxpAction::ReviewChanged { review } => state.review = Some(review.clone()),
+        AxpAction::VerificationChanged { verification } => {
+            state.verification = Some(verification.clone())
+        }
+        AxpAction::ExecutorChanged { .. } | AxpAction::Unknown => return false,
+    }
+    true
+}
+
+/// Applies `action` to the executor registry (an upsert by id). Returns whether it applied.
+pub(crate) fn reduce_executors(
+    entries: &mut BTreeMap<String, ExecutorInfo>,
+    action: &AxpAction,
+) -> bool {
+    match action {
+        AxpAction::ExecutorChanged { executor } => {
+            entries.insert(executor.id.clone(), executor.clone());
+            true
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_unknown_type_changes_nothing() {
+        let a: AxpAction =
+            serde_json::from_value(json!({"type": "_axp/frobnicated", "x": 1})).expect("parse");
+        assert_eq!(a, AxpAction::Unknown);
+        let mut s = ExchangeState::initial("s", "r", "t");
+        let before = s.clone();
+        assert!(!reduce_exchange(&mut s, &a));
+        assert_eq!(s, before);
+        let mut reg = BTreeMap::new();
+        assert!(!reduce_executors(&mut reg, &a));
+        assert!(reg.is_empty());
+    }
+
+    #[test]
+    fn actions_spell_their_type_first() {
+        let a = AxpAction::Reserved {
+            reservation: Reservation {
+                turn_id: "t".into(),
+                grant_id: "g".into(),
+                epoch: 1,
+                ceiling: Default::default(),
+                started_at: 5,
+            },
+        };
+        let text = serde_json::to_string(&a).expect("json");
+        assert!(text.starts_with(r#"{"type":"_axp/reserved","reservation":{"turnId":"t""#));
+    }
+
+    #[test]
+    fn a_checkpoint_clears_the_review_and_a_context_the_compaction() {
+        let mut s = ExchangeState::initial("s", "r", "t");
+        s.review = Some(json!({}));
+        s.verification = Some(json!({}));
+        s.compaction = Some(json!({}));
+        reduce_exchange(
+            &mut s,
+            &AxpAction::CheckpointChanged {
+                checkpoint: json!({"headCommit": "a"}),
+            },
+        );
+        assert_eq!((s.review.is_none(), s.verification.is_none()), (true, true));
+        reduce_exchange(
+            &mut s,
+            &AxpAction::ContextChanged {
+                context: Context::initial(),
+            },
+        );
+        assert!(s.compaction.is_none());
+    }
+}

@@ -1,0 +1,302 @@
+//! The AXP state shapes, typed: the exchange state of `axp-session:/ID` and the executor
+//! registry of `axp-executors://`.
+//!
+//! Field names and nesting follow the reference host's JSON (`src/protocol/types.ts`), so a
+//! snapshot here reads the same in its clients. Maps are `BTreeMap`s: their order is the
+//! host's, deterministic, never a hasher's. The part-2 fields (`checkpoint`, `compaction`,
+//! `review`, `verification`) are present with their initial values and kept as JSON: this
+//! host does not make them yet, but its reducers apply them, so a log holding them replays.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::canonical::hash_object;
+use crate::channel::{chat_uri, exchange_uri, session_uri, EXECUTORS};
+
+/// Integer tokens, USD micros (USD × 1,000,000) and turns.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Allowance {
+    pub(crate) tokens: u64,
+    pub(crate) cost_micros: u64,
+    pub(crate) turns: u64,
+}
+
+/// An executor's hold on a session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Lease {
+    pub(crate) owner: String,
+    pub(crate) executor_id: String,
+    pub(crate) epoch: u64,
+    /// Wall-clock Unix milliseconds.
+    pub(crate) expires_at: u64,
+    pub(crate) heartbeat_ms: u64,
+    pub(crate) grant_id: String,
+}
+
+/// What a donor declared about how its limit is enforced (never verified by the host).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Enforcement {
+    Provider,
+    Accounting,
+}
+
+/// A contributor's budget for one session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Grant {
+    pub(crate) id: String,
+    pub(crate) owner: String,
+    pub(crate) limit: Allowance,
+    pub(crate) spent: Allowance,
+    pub(crate) revoked: bool,
+    pub(crate) enforcement: Enforcement,
+}
+
+/// Where a usage figure came from: the executor's report, or the reservation charged in full.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Source {
+    Reported,
+    Reservation,
+}
+
+/// What one turn cost.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Usage {
+    pub(crate) input_tokens: u64,
+    pub(crate) output_tokens: u64,
+    /// A subset of `input_tokens`, never charged twice.
+    pub(crate) cache_read_tokens: u64,
+    pub(crate) cost_micros: u64,
+    pub(crate) source: Source,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cost_source: Option<Source>,
+}
+
+/// A turn reserved against a grant, by the epoch that reserved it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Reservation {
+    pub(crate) turn_id: String,
+    pub(crate) grant_id: String,
+    pub(crate) epoch: u64,
+    pub(crate) ceiling: Allowance,
+    /// Wall-clock Unix milliseconds (the host's clock).
+    pub(crate) started_at: u64,
+}
+
+/// One settled turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct UsageEntry {
+    pub(crate) turn_id: String,
+    pub(crate) grant_id: String,
+    pub(crate) usage: Usage,
+}
+
+/// The working context (part 2 changes it; part 1 only carries the initial one).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Context {
+    pub(crate) revision: u64,
+    pub(crate) through_turn: u64,
+    pub(crate) summary: String,
+    pub(crate) decisions: Vec<String>,
+    pub(crate) active_files: Vec<String>,
+    pub(crate) git_head: Option<String>,
+    pub(crate) prefix_hash: String,
+}
+
+impl Context {
+    /// The context of a new session: revision 0, empty, hashed as the reference hashes it
+    /// (`hashObject` of every field but `prefixHash`).
+    pub(crate) fn initial() -> Context {
+        let prefix_hash = hash_object(&json!({
+            "revision": 0,
+            "throughTurn": 0,
+            "summary": "",
+            "decisions": [],
+            "activeFiles": [],
+            "gitHead": null,
+        }));
+        Context {
+            revision: 0,
+            through_turn: 0,
+            summary: String::new(),
+            decisions: Vec::new(),
+            active_files: Vec::new(),
+            git_head: None,
+            prefix_hash,
+        }
+    }
+}
+
+/// One discussion entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct DiscussionComment {
+    /// The `operationId` that posted it.
+    pub(crate) id: String,
+    pub(crate) author: String,
+    pub(crate) body: String,
+    /// Wall-clock Unix milliseconds.
+    pub(crate) created_at: u64,
+    pub(crate) checkpoint: Option<String>,
+    pub(crate) path: Option<String>,
+}
+
+/// Whether a session may be claimed and prompted.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Status {
+    Open,
+    Orphaned,
+    Closed,
+}
+
+/// The state of `axp-session:/ID`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ExchangeState {
+    pub(crate) resource: String,
+    pub(crate) session: String,
+    pub(crate) chat: String,
+    pub(crate) repository: String,
+    pub(crate) task: String,
+    pub(crate) status: Status,
+    /// Advanced by every claim, never by anything else.
+    pub(crate) epoch: u64,
+    pub(crate) lease: Option<Lease>,
+    pub(crate) grants: BTreeMap<String, Grant>,
+    pub(crate) reservation: Option<Reservation>,
+    pub(crate) usage: Vec<UsageEntry>,
+    pub(crate) checkpoint: Option<Value>,
+    pub(crate) context: Context,
+    pub(crate) compaction: Option<Value>,
+    pub(crate) review: Option<Value>,
+    pub(crate) verification: Option<Value>,
+    /// Absent until the first comment, as the reference writes it (clients render a missing
+    /// key as an empty thread).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) discussion: Option<Vec<DiscussionComment>>,
+}
+
+impl ExchangeState {
+    /// The exchange of a new session `id`: open, epoch 0, nothing granted or leased.
+    pub(crate) fn initial(id: &str, repository: &str, task: &str) -> ExchangeState {
+        ExchangeState {
+            resource: exchange_uri(id),
+            session: session_uri(id),
+            chat: chat_uri(id),
+            repository: repository.to_owned(),
+            task: task.to_owned(),
+            status: Status::Open,
+            epoch: 0,
+            lease: None,
+            grants: BTreeMap::new(),
+            reservation: None,
+            usage: Vec::new(),
+            checkpoint: None,
+            context: Context::initial(),
+            compaction: None,
+            review: None,
+            verification: None,
+            discussion: None,
+        }
+    }
+
+    /// Comments posted so far.
+    pub(crate) fn discussion_len(&self) -> usize {
+        self.discussion.as_ref().map_or(0, Vec::len)
+    }
+}
+
+/// Where an executor runs.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Placement {
+    Satellite,
+    Hosted,
+}
+
+/// One entry of `axp-executors://`: the value of a `Table::Executor` record, as JSON.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ExecutorInfo {
+    pub(crate) id: String,
+    pub(crate) owner: String,
+    pub(crate) name: String,
+    pub(crate) placement: Placement,
+    pub(crate) capabilities: Vec<String>,
+    /// Wall-clock Unix milliseconds.
+    pub(crate) expires_at: u64,
+    pub(crate) online: bool,
+}
+
+/// The state of `axp-executors://` built from the registry's entries.
+pub(crate) fn registry_json<'a>(entries: impl Iterator<Item = &'a ExecutorInfo>) -> Value {
+    let entries: serde_json::Map<String, Value> = entries
+        .map(|e| (e.id.clone(), serde_json::to_value(e).unwrap_or(Value::Null)))
+        .collect();
+    json!({ "resource": EXECUTORS, "entries": entries })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_exchange_reads_as_the_reference_writes_it() {
+        let s = ExchangeState::initial("s1", "repo", "task");
+        let v = serde_json::to_value(&s).expect("json");
+        assert_eq!(
+            v,
+            json!({
+                "resource": "axp-session:/s1",
+                "session": "ahp-session:/s1",
+                "chat": "ahp-chat:/s1",
+                "repository": "repo",
+                "task": "task",
+                "status": "open",
+                "epoch": 0,
+                "lease": null,
+                "grants": {},
+                "reservation": null,
+                "usage": [],
+                "checkpoint": null,
+                "context": {
+                    "revision": 0, "throughTurn": 0, "summary": "", "decisions": [],
+                    "activeFiles": [], "gitHead": null,
+                    "prefixHash": s.context.prefix_hash,
+                },
+                "compaction": null,
+                "review": null,
+                "verification": null,
+            })
+        );
+        let back: ExchangeState = serde_json::from_value(v).expect("back");
+        assert_eq!(back, s);
+        assert_eq!(s.context.prefix_hash.len(), 64);
+    }
+
+    #[test]
+    fn usage_spells_cost_source_only_when_known() {
+        let u = Usage {
+            input_tokens: 1,
+            output_tokens: 2,
+            cache_read_tokens: 0,
+            cost_micros: 3,
+            source: Source::Reported,
+            cost_source: None,
+        };
+        assert!(!serde_json::to_string(&u)
+            .expect("json")
+            .contains("costSource"));
+    }
+}
