@@ -99,6 +99,8 @@ fn short(text: &[u8]) -> String {
 /// time, each waiting for its reply.
 pub struct Ahp {
     c: Blocking,
+    /// The text of the `initialize` response.
+    init: String,
 }
 
 impl Ahp {
@@ -128,8 +130,13 @@ impl Ahp {
             "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"channel\":\"ahp-root://\",\
              \"protocolVersions\":[\"0.9.0\"],\"clientId\":\"{client_id}\",\"initialSubscriptions\":[]}}}}"
         );
-        ws_call(&mut c, rng, &init, 1)?;
-        Ok(Ahp { c })
+        let init = ws_call(&mut c, rng, &init, 1)?;
+        Ok(Ahp { c, init })
+    }
+
+    /// The text of the `initialize` response (its `result` holds the host's `_meta`).
+    pub fn initialize_reply(&self) -> &str {
+        &self.init
     }
 
     /// Sends the request `text`, whose id is `id`, and returns the text of its successful
