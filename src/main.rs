@@ -243,11 +243,9 @@ fn serve_store(
     let host_config = HostConfig {
         limits: cfg.limits.clone(),
         trust_groups: cfg.trust_groups.clone(),
+        repository: repository.clone(),
         ..HostConfig::default()
     };
-    // Hooked up once the core's `HostConfig` has a `repository` (issue 32):
-    // `repository: repository.clone(),` above.
-    let _ = &repository;
     // The writer thread commits through one connection; the loop reads through the other.
     let (reads, writes) = store.split();
     let host = Host::new(host_config, reads, seed).map_err(|e| e.to_string())?;
