@@ -883,7 +883,17 @@ impl World<'_> {
         }
         self.timers
             .push(Reverse((due + self.period, Timer::Emit, i)));
-        if self.execs[i].emits_in_turn >= self.args.settle_every {
+        // The first turn is a share of K emits long, spread over the executors, so that their
+        // settles (and the next turns' starts and reservations) spread over K periods instead
+        // of coming all together every K periods.
+        let k = self.args.settle_every;
+        let turn_len = if self.execs[i].turn_no <= 1 {
+            let n = self.execs.len() as u64;
+            (u64::from(k) * (i as u64 + 1)).div_ceil(n).max(1) as u32
+        } else {
+            k
+        };
+        if self.execs[i].emits_in_turn >= turn_len {
             if self.args.cycle == Cycle::Queue && !self.execs[i].queued_next {
                 self.execs[i].state = State::SettleDue;
             } else {
@@ -1114,8 +1124,13 @@ impl World<'_> {
                 e.heartbeat = Duration::from_millis(hb.max(1));
                 e.state = State::WaitTurn;
                 e.last_renew_ack = Some(now);
-                let hb = self.execs[i].heartbeat;
-                self.timers.push(Reverse((now + hb, Timer::Renew, i)));
+                // The first renewal comes a share of a heartbeat after the claim, spread over
+                // the executors (at most one heartbeat), so that claims made together do not
+                // renew together for the rest of the run: N / heartbeat renewals a second.
+                let first = e
+                    .heartbeat
+                    .mul_f64((i + 1) as f64 / self.execs.len() as f64);
+                self.timers.push(Reverse((now + first, Timer::Renew, i)));
             }
             Req::TurnStart(i) => {
                 self.turns_started += 1;
