@@ -469,7 +469,16 @@ fn the_notify_callback_fires_for_outcomes_and_when_the_thread_ends() {
         writer.wait_outcome(Duration::from_secs(10)),
         Some(Outcome::Durable { through: 1 })
     );
-    assert!(wakes.load(Ordering::SeqCst) >= 1);
+    // The thread sends the outcome, then wakes the loop: the outcome can be seen a moment
+    // before the wake is counted (a loop that drains on each wake still sees it then).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while wakes.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        wakes.load(Ordering::SeqCst) >= 1,
+        "the outcome woke the loop"
+    );
     let before = wakes.load(Ordering::SeqCst);
     assert!(writer.finish(Duration::from_secs(10)));
     assert!(
