@@ -8,8 +8,8 @@
 //!    or inside an answer) is in the store byte for byte; a catalog event's, a rejection's, a
 //!    snapshot's or a handshake's number is covered by the store's mark; a session that is
 //!    announced, listed or snapshotted is in the store; the success answer to a mutation leaves
-//!    only once its effect is in the store (`createSession`: the session; `dispatchAction`: its
-//!    receipt; `initialize`/`reconnect`: the clientId binding).
+//!    only once its effect is in the store (`createSession`: the session; `dispatchAction` and
+//!    every `_axp/*` mutation: its receipt; `initialize`/`reconnect`: the clientId binding).
 //! 2. *A failed batch leaves no trace.* Right after `CommitFailed`, the host's state of every
 //!    channel and every binding equals a host freshly built from the store (which holds the
 //!    durable prefix and nothing else); and by (1) no frame ever carried a failed change.
@@ -107,6 +107,21 @@ impl DurabilityOracle {
                     .map(|seq| Expect::Receipt {
                         owner,
                         key: format!("dispatch:{client_id}:{seq}"),
+                    })
+            }
+            // An AXP mutation: its retry receipt, keyed by principal and operationId.
+            m if m.starts_with("_axp/") => {
+                let owner = self
+                    .conns
+                    .get(conn)
+                    .map(|c| c.0.clone())
+                    .unwrap_or_default();
+                params
+                    .get("operationId")
+                    .and_then(Value::as_str)
+                    .map(|op| Expect::Receipt {
+                        owner,
+                        key: op.to_owned(),
                     })
             }
             "initialize" | "reconnect" => params

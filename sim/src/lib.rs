@@ -53,10 +53,13 @@
 //! - [`checker`]: invariants and the digest; [`services`]: the reference model of client
 //!   services it checks every host call against.
 //! - [`world`]: the event loop, restarts and the two phases.
+//! - [`axp`]: the AXP world (executors, maintainers, observers under leases and budgets) with
+//!   its own oracles, run by a quarter of all seeds after their AHP world.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod axp;
 pub mod checker;
 pub mod client;
 pub mod durability;

@@ -7,6 +7,8 @@
 //! ```
 //! Add `--twice` to run every seed twice and compare digests, `--trace` to print every step
 //! and frame to stderr, `--keep-going` to run the whole range past violations and list them.
+//! Seeds that [`axhost_sim::axp::enabled`] picks (a quarter) also run the AXP world after the
+//! AHP one; `--axp` runs the AXP world alone, for every seed in the range.
 //! A range ends with the client-services outcomes the checker saw, the idle clientIds released
 //! and the chat actions the chat limits refused, summed over its seeds. On a violation it
 //! prints the violation, the options and the replay command, and exits with status 1.
@@ -15,6 +17,7 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use axhost_sim::axp::{AxpOptions, AxpReport, AxpWorld};
 use axhost_sim::{parse_seed_range, run_report, run_world, Options, Report, World};
 
 struct Args {
@@ -23,11 +26,12 @@ struct Args {
     twice: bool,
     trace: bool,
     keep_going: bool,
+    axp_only: bool,
 }
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: axhost-sim (--seed N | --seeds A..B | --runs M [--start S]) [--twice] [--trace] [--keep-going]"
+        "usage: axhost-sim (--seed N | --seeds A..B | --runs M [--start S]) [--twice] [--trace] [--keep-going] [--axp]"
     );
     ExitCode::from(2)
 }
@@ -35,7 +39,7 @@ fn usage() -> ExitCode {
 fn parse_args() -> Option<Args> {
     let mut args = std::env::args().skip(1);
     let (mut seeds, mut single, mut twice, mut trace) = (None, false, false, false);
-    let mut keep_going = false;
+    let (mut keep_going, mut axp_only) = (false, false);
     let (mut runs, mut start): (Option<u64>, u64) = (None, 0);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -49,6 +53,7 @@ fn parse_args() -> Option<Args> {
             "--twice" => twice = true,
             "--trace" => trace = true,
             "--keep-going" => keep_going = true,
+            "--axp" => axp_only = true,
             _ => return None,
         }
     }
@@ -61,6 +66,7 @@ fn parse_args() -> Option<Args> {
         twice,
         trace,
         keep_going,
+        axp_only,
     })
 }
 
@@ -127,7 +133,26 @@ fn main() -> ExitCode {
     let mut durability = axhost_sim::durability::DurabilityStats::default();
     let mut services: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut failed: Vec<String> = Vec::new();
+    let mut axp = AxpTotals::default();
     for seed in args.seeds.clone() {
+        if args.axp_only || axhost_sim::axp::enabled(seed) {
+            match run_axp(seed, &args) {
+                Ok(r) => axp.add(&r, args.single || args.seeds.end - args.seeds.start <= 50),
+                Err(v) if args.keep_going => {
+                    println!("VIOLATION {v}");
+                    failed.push(v);
+                }
+                Err(v) => {
+                    println!("VIOLATION {v}");
+                    println!("options: {:#?}", AxpOptions::swarm(seed));
+                    println!("replay: cargo run --release -p axhost-sim -- --axp --seed {seed}");
+                    return ExitCode::from(1);
+                }
+            }
+            if args.axp_only {
+                continue;
+            }
+        }
         if args.single {
             println!("seed={seed} options={:#?}", options_of(seed));
         }
@@ -183,7 +208,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    if !args.single {
+    if !args.single && !args.axp_only {
         println!(
             "seeds {}..{}: {ok} passed, {steps} steps, {:.1}s",
             args.seeds.start,
@@ -210,6 +235,9 @@ fn main() -> ExitCode {
             durability.frames_checked, durability.envelopes_checked, durability.failures_compared
         );
     }
+    if axp.runs > 0 && !args.single {
+        axp.print();
+    }
     if !failed.is_empty() {
         println!("{} seeds failed:", failed.len());
         for f in &failed {
@@ -218,4 +246,91 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     ExitCode::SUCCESS
+}
+
+/// Runs seed `seed`'s AXP world (twice with `--twice`, comparing digests).
+fn run_axp(seed: u64, args: &Args) -> Result<AxpReport, String> {
+    if args.single {
+        println!("seed={seed} axp options={:#?}", AxpOptions::swarm(seed));
+    }
+    let mut world = AxpWorld::new(seed);
+    world.trace = args.trace;
+    let first = axhost_sim::axp::run_world(world).map_err(|v| v.to_string())?;
+    if args.twice {
+        let second = axhost_sim::axp::run(seed).map_err(|v| v.to_string())?;
+        if second.digest != first.digest {
+            return Err(format!(
+                "seed={seed}: the AXP world is NOT DETERMINISTIC: {} then {}",
+                first.digest, second.digest
+            ));
+        }
+    }
+    Ok(first)
+}
+
+/// What the AXP worlds of a range did, summed.
+#[derive(Default)]
+struct AxpTotals {
+    runs: u64,
+    steps: u64,
+    restarts: u64,
+    cuts: u64,
+    requests: (u64, u64, u64),
+    states: u64,
+    stale: u64,
+    claims: u64,
+    replays: u64,
+    settlements: u64,
+    refusals: BTreeMap<i64, u64>,
+}
+
+impl AxpTotals {
+    fn add(&mut self, r: &AxpReport, print: bool) {
+        if print {
+            println!(
+                "axp seed={} hash={} steps={} sim_ms={} restarts={} cuts={} requests={}/{}/{} oracle={:?}",
+                r.seed, r.digest, r.steps, r.sim_ms, r.restarts, r.cuts, r.requests.0,
+                r.requests.1, r.requests.2, r.oracle
+            );
+        }
+        self.runs += 1;
+        self.steps += r.steps;
+        self.restarts += r.restarts;
+        self.cuts += r.cuts;
+        self.requests.0 += r.requests.0;
+        self.requests.1 += r.requests.1;
+        self.requests.2 += r.requests.2;
+        let o = &r.oracle;
+        self.states += o.states_checked;
+        self.stale += o.stale_fenced;
+        self.claims += o.claims;
+        self.replays += o.replays;
+        self.settlements += o.settlements;
+        for (code, n) in &o.refusals {
+            *self.refusals.entry(*code).or_default() += n;
+        }
+    }
+
+    fn print(&self) {
+        println!(
+            "AXP worlds: {} passed, {} steps, {} restarts, {} cuts",
+            self.runs, self.steps, self.restarts, self.cuts
+        );
+        println!(
+            "  {:>9}  requests ({} sent again after a cut, {} duplicated on purpose)",
+            self.requests.0, self.requests.1, self.requests.2
+        );
+        println!("  {:>9}  host states checked", self.states);
+        println!("  {:>9}  claims won", self.claims);
+        println!("  {:>9}  settlements revealed", self.settlements);
+        println!(
+            "  {:>9}  fenced commands with a stale epoch (changed nothing)",
+            self.stale
+        );
+        println!(
+            "  {:>9}  operations answered again (same result)",
+            self.replays
+        );
+        println!("  refusals by code: {:?}", self.refusals);
+    }
 }

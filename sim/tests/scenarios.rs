@@ -842,3 +842,119 @@ fn a_refused_handshake_is_retried_after_a_pause_until_it_succeeds() {
         "client 1 is not initialized after client 0 left"
     );
 }
+
+/// Named AXP scenarios: fixed options that switch on one fault each, over a few seeds. Each
+/// run passes every AXP oracle and both phases, and must show that its fault happened.
+mod axp {
+    use axhost_sim::axp::{run_world, AxpOptions, AxpReport, AxpWorld};
+    use axhost_sim::options::Ratio;
+    use axhost_sim::writer::CommitProfile;
+
+    fn runs(tweak: impl Fn(&mut AxpOptions)) -> Vec<AxpReport> {
+        (0..4)
+            .map(|seed| {
+                let mut options = AxpOptions::calm(seed);
+                tweak(&mut options);
+                run_world(AxpWorld::with_options(options)).unwrap_or_else(|v| panic!("{v}"))
+            })
+            .collect()
+    }
+
+    fn refused(reports: &[AxpReport], code: i64) -> u64 {
+        reports
+            .iter()
+            .map(|r| r.oracle.refusals.get(&code).copied().unwrap_or(0))
+            .sum()
+    }
+
+    fn total(reports: &[AxpReport], f: fn(&AxpReport) -> u64) -> u64 {
+        reports.iter().map(f).sum()
+    }
+
+    #[test]
+    fn axp_calm_turns_are_claimed_reserved_and_settled() {
+        let r = runs(|_| {});
+        assert!(total(&r, |r| r.oracle.claims) >= 4);
+        assert!(total(&r, |r| r.oracle.settlements) >= 4);
+    }
+
+    #[test]
+    fn axp_executors_racing_for_one_session_get_one_lease_each_epoch() {
+        let r = runs(|o| {
+            o.actors = (5, 1, 1);
+            o.contributors = 5;
+        });
+        assert!(refused(&r, -32011) > 0, "claims never collided");
+        assert!(total(&r, |r| r.oracle.claims) >= 4);
+    }
+
+    #[test]
+    fn axp_cut_connections_send_their_operations_again_with_one_effect() {
+        // Slow links and disks, so cuts find answers still on their way.
+        let r = runs(|o| {
+            o.cut = Ratio::new(1, 15);
+            o.latency_ms = (10, 60);
+            o.commits = CommitProfile {
+                latency_ms_min: 5,
+                latency_ms_max: 40,
+                ..CommitProfile::INSTANT
+            };
+        });
+        assert!(total(&r, |r| r.cuts) > 0);
+        assert!(total(&r, |r| r.requests.1) > 0, "nothing was sent again");
+        assert!(
+            total(&r, |r| r.oracle.replays) > 0,
+            "no operation was answered twice"
+        );
+    }
+
+    #[test]
+    fn axp_killed_hosts_keep_every_revealed_epoch_and_settlement() {
+        let r = runs(|o| {
+            o.restart_interval_ms = Some(3_000);
+            o.kills = Ratio::new(1, 1);
+            o.commits = CommitProfile {
+                latency_ms_min: 2,
+                latency_ms_max: 30,
+                gather_ms_max: 10,
+                ..CommitProfile::INSTANT
+            };
+        });
+        assert!(total(&r, |r| r.restarts) >= 8);
+        assert!(total(&r, |r| r.oracle.settlements) > 0);
+    }
+
+    #[test]
+    fn axp_failed_commits_reveal_nothing_and_roll_back() {
+        let r = runs(|o| o.store_fault = Some(Ratio::new(1, 15)));
+        assert!(refused(&r, -32603) > 0, "no commit failed");
+        assert!(total(&r, |r| r.oracle.claims) > 0);
+    }
+
+    #[test]
+    fn axp_late_renewals_let_leases_expire_and_fence_the_late_executor() {
+        let r = runs(|o| o.temper.late_renewal_in = 2);
+        assert!(refused(&r, -32040) > 0, "no fenced command was refused");
+        assert!(total(&r, |r| r.oracle.stale_fenced) > 0);
+    }
+
+    #[test]
+    fn axp_overspends_are_recorded_and_revoke_the_grant() {
+        let r = runs(|o| o.temper.overspend_in = 2);
+        assert!(
+            refused(&r, -32041) > 0,
+            "no budget refusal after an overspend"
+        );
+    }
+
+    #[test]
+    fn axp_closing_sessions_end_leases_and_turns() {
+        let r = runs(|o| {
+            o.temper.closes = true;
+            o.sessions = vec!["a0".into(), "a1".into(), "a2".into()];
+            o.duration_ms = 60_000;
+        });
+        assert!(total(&r, |r| r.oracle.closes) > 0, "no session was closed");
+        assert!(total(&r, |r| r.oracle.claims) > 0);
+    }
+}

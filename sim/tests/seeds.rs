@@ -1,4 +1,5 @@
-//! The seed sweep: every seed runs both phases twice and must give the same digest.
+//! The seed sweep: every seed runs both phases twice and must give the same digest; the seeds
+//! `axhost_sim::axp::enabled` picks run their AXP world twice too.
 //!
 //! Default seeds `0..1000` (the issue asks CI for at least 1,000 per run, well under a minute); override with `AXHOST_SIM_SEEDS=start..end` (end exclusive, or
 //! `start..=end`, or one seed). Seeds are shared out to two threads as they finish (the CI
@@ -28,6 +29,22 @@ fn check(seed: u64) -> Result<(), String> {
         "profile: {:?}\n  replay: cargo run -p axhost-sim -- --seed {seed}",
         World::new(seed).options
     );
+    if axhost_sim::axp::enabled(seed) {
+        let replay = format!(
+            "profile: {:?}\n  replay: cargo run --release -p axhost-sim -- --axp --seed {seed}",
+            axhost_sim::axp::AxpOptions::swarm(seed)
+        );
+        match (axhost_sim::axp::run(seed), axhost_sim::axp::run(seed)) {
+            (Ok(a), Ok(b)) if a.digest == b.digest => {}
+            (Ok(a), Ok(b)) => {
+                return Err(format!(
+                    "seed {seed}'s AXP world is not deterministic: {} then {}\n  {replay}",
+                    a.digest, b.digest
+                ))
+            }
+            (Err(v), _) | (_, Err(v)) => return Err(format!("{v}\n  {replay}")),
+        }
+    }
     match (run(seed), run(seed)) {
         (Ok(a), Ok(b)) if a == b => Ok(()),
         (Ok(a), Ok(b)) => Err(format!(

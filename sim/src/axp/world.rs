@@ -1,0 +1,819 @@
+//! The AXP world: one host over a fault-injecting store, its asynchronous writer, the seeded
+//! network, and the AXP actors, driven event by event in simulated time.
+//!
+//! It shares the network ([`SimNet`]), the writer ([`SimWriter`]), the store ([`SimStore`])
+//! and the durability oracle ([`DurabilityOracle`]) with the AHP world; what it adds is the
+//! AXP roles ([`crate::axp::actors`]) and the AXP oracles ([`crate::axp::oracle`]).
+//!
+//! Two phases: a *safety* phase of `duration_ms` with every fault on (cut connections, slow
+//! and failed commits, crashes with commits in flight, restarts, late renewals, overspends),
+//! then a *liveness* phase that heals everything, lets executors finish and release, runs the
+//! clock past every lease, and requires that every observer's mirror equals the host and that
+//! every acknowledged reservation ended in exactly one usage entry.
+
+use std::collections::BTreeMap;
+
+use axhost_core::{Change, ConnId, Host, HostConfig, Input, Instant, Now, Output, Principal, Role};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sha2::{Digest as _, Sha256};
+
+use crate::axp::actors::{Actor, Board, Kind, Temper};
+use crate::axp::oracle::{AxpOracle, OracleStats};
+use crate::axp::replica::EXECUTORS;
+use crate::checker::{Digest, Violation};
+use crate::durability::DurabilityOracle;
+use crate::net::{Direction, SimNet, ToClient, ToHost};
+use crate::options::Ratio;
+use crate::store::SimStore;
+use crate::writer::{CommitProfile, Outcome, SimWriter, WriterStats};
+
+/// Wall-clock origin of every run: 2026-01-01T00:00:00Z.
+const EPOCH_MS: u64 = 1_767_225_600_000;
+/// Simulated time the liveness phase may take before it is a failure.
+const SETTLE_BUDGET_MS: u64 = 120_000;
+/// The longest lease an executor asks for, plus a margin: past it every lease has ended.
+const LEASE_MS_MAX: u64 = 12_000;
+
+/// A run's configuration, drawn from its seed.
+#[derive(Clone, Debug)]
+pub struct AxpOptions {
+    /// The seed.
+    pub seed: u64,
+    /// Executors, maintainers, observers.
+    pub actors: (usize, usize, usize),
+    /// Executors share this many contributor principals.
+    pub contributors: u32,
+    /// Session ids the actors work with.
+    pub sessions: Vec<String>,
+    /// Simulated length of the safety phase.
+    pub duration_ms: u64,
+    /// Longest pause between an actor's turns.
+    pub think_ms_max: u64,
+    /// Link latency range.
+    pub latency_ms: (u64, u64),
+    /// Per actor turn: the connection is cut.
+    pub cut: Ratio,
+    /// A restart every this long on average (clean or killed).
+    pub restart_interval_ms: Option<u64>,
+    /// Of restarts, the share that kill the process with commits in flight.
+    pub kills: Ratio,
+    /// Store refusals (failed group commits).
+    pub store_fault: Option<Ratio>,
+    /// How the disk commits.
+    pub commits: CommitProfile,
+    /// Executors' behaviour.
+    pub temper: Temper,
+}
+
+impl AxpOptions {
+    /// Everything from the seed (swarm testing: some runs calm, some hostile).
+    pub fn swarm(seed: u64) -> AxpOptions {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xa4e0_0000_5eed_0002);
+        let executors = rng.random_range(1..=5);
+        let sessions = (0..rng.random_range(1..=3))
+            .map(|i| format!("a{i}"))
+            .collect();
+        let latency_min = rng.random_range(0..=5);
+        let latency_ms = (
+            latency_min,
+            latency_min + [0, 2, 10, 40][rng.random_range(0..4)],
+        );
+        let store_fault = Ratio::new(1, 4)
+            .hit(&mut rng)
+            .then(|| Ratio::new(1, rng.random_range(30..=200)));
+        let latency_ms_min = rng.random_range(0..=2);
+        let commits = CommitProfile {
+            latency_ms_min,
+            latency_ms_max: latency_ms_min + [0, 1, 5, 30][rng.random_range(0..4)],
+            slow: if Ratio::new(1, 3).hit(&mut rng) {
+                Ratio::new(1, 20)
+            } else {
+                Ratio::NEVER
+            },
+            slow_ms_max: rng.random_range(100..=4_000),
+            report_ms_max: [0, 1, 5][rng.random_range(0..3)],
+            gather_ms_max: [0, 2, 10][rng.random_range(0..3)],
+        };
+        AxpOptions {
+            seed,
+            actors: (executors, rng.random_range(1..=2), rng.random_range(1..=2)),
+            contributors: rng.random_range(1..=executors as u32),
+            sessions,
+            duration_ms: rng.random_range(15_000..=40_000),
+            think_ms_max: [100, 300, 800][rng.random_range(0..3)],
+            latency_ms,
+            cut: if Ratio::new(2, 3).hit(&mut rng) {
+                Ratio::new(1, rng.random_range(30..=300))
+            } else {
+                Ratio::NEVER
+            },
+            restart_interval_ms: Ratio::new(1, 2)
+                .hit(&mut rng)
+                .then(|| rng.random_range(5_000..=30_000)),
+            kills: Ratio::new(rng.random_range(0..=2), 2),
+            store_fault,
+            commits,
+            temper: Temper {
+                late_renewal_in: [0, 4, 20][rng.random_range(0..3)],
+                overspend_in: [0, 5, 30][rng.random_range(0..3)],
+                closes: Ratio::new(1, 4).hit(&mut rng),
+            },
+        }
+    }
+}
+
+impl AxpOptions {
+    /// A fixed, fault-free run for named scenarios, which switch on the faults they are about:
+    /// two executors of two contributors, one maintainer, one observer, one session, 20 s.
+    pub fn calm(seed: u64) -> AxpOptions {
+        AxpOptions {
+            seed,
+            actors: (2, 1, 1),
+            contributors: 2,
+            sessions: vec!["a0".into()],
+            duration_ms: 20_000,
+            think_ms_max: 200,
+            latency_ms: (1, 5),
+            cut: Ratio::NEVER,
+            restart_interval_ms: None,
+            kills: Ratio::NEVER,
+            store_fault: None,
+            commits: CommitProfile::INSTANT,
+            temper: Temper {
+                late_renewal_in: 0,
+                overspend_in: 0,
+                closes: false,
+            },
+        }
+    }
+}
+
+/// Things on the agenda.
+#[derive(Clone, Debug)]
+enum Event {
+    Turn(usize),
+    Connect(usize),
+    Restart,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    HostTimer,
+    Writer,
+    Net(ConnId, Direction),
+    Agenda(u64, u64),
+}
+
+/// One run's outcome.
+#[derive(Clone, Debug)]
+pub struct AxpReport {
+    /// The seed.
+    pub seed: u64,
+    /// SHA-256 over every output, in order.
+    pub digest: Digest,
+    /// Steps taken.
+    pub steps: u64,
+    /// Simulated milliseconds.
+    pub sim_ms: u64,
+    /// Restarts (clean and killed).
+    pub restarts: u64,
+    /// Connections cut.
+    pub cuts: u64,
+    /// Requests sent, mutations sent again after a cut, deliberate duplicates.
+    pub requests: (u64, u64, u64),
+    /// What the oracles checked.
+    pub oracle: OracleStats,
+    /// What the writer did.
+    pub commits: WriterStats,
+}
+
+/// See the module docs.
+pub struct AxpWorld {
+    /// The run's configuration.
+    pub options: AxpOptions,
+    rng: ChaCha8Rng,
+    config: HostConfig,
+    host: Option<Host<SimStore>>,
+    writer: SimWriter<Box<Change>>,
+    net: SimNet,
+    /// The actors.
+    pub actors: Vec<Actor>,
+    board: Board,
+    oracle: AxpOracle,
+    durability: DurabilityOracle,
+    agenda: BTreeMap<(u64, u64), Event>,
+    agenda_next: u64,
+    conn_next: u64,
+    now_ms: u64,
+    /// Steps taken.
+    pub steps: u64,
+    liveness: bool,
+    hash: Sha256,
+    restarts: u64,
+    cuts: u64,
+    /// Print every step to stderr.
+    pub trace: bool,
+}
+
+impl AxpWorld {
+    /// A world drawn from `seed`.
+    pub fn new(seed: u64) -> AxpWorld {
+        AxpWorld::with_options(AxpOptions::swarm(seed))
+    }
+
+    /// A world with fixed options (named scenarios).
+    pub fn with_options(options: AxpOptions) -> AxpWorld {
+        let mut root = ChaCha8Rng::seed_from_u64(options.seed ^ 0xa4e0_0000_0000_0001);
+        // Small registries, so the bounds are reached (-32043) by five executors.
+        let limits = axhost_core::Limits {
+            grants_per_session_max: 4,
+            executors_max: 4,
+            ..axhost_core::Limits::default()
+        };
+        let config = HostConfig {
+            limits,
+            ..HostConfig::default()
+        };
+        let store = SimStore::new(
+            ChaCha8Rng::seed_from_u64(root.random()),
+            options.store_fault,
+        );
+        let host = Host::new(config.clone(), store, root.random()).ok();
+        let (executors, maintainers, observers) = options.actors;
+        let mut actors = Vec::new();
+        for i in 0..executors + maintainers + observers {
+            let (kind, principal) = if i < executors {
+                let id = format!("c{}", i as u32 % options.contributors.max(1));
+                let role = if i == 0 && Ratio::new(1, 4).hit(&mut root) {
+                    Role::Maintainer
+                } else {
+                    Role::Contributor
+                };
+                (Kind::Executor, principal(&id, role))
+            } else if i < executors + maintainers {
+                (
+                    Kind::Maintainer,
+                    principal(&format!("m{i}"), Role::Maintainer),
+                )
+            } else {
+                (Kind::Observer, principal(&format!("o{i}"), Role::Observer))
+            };
+            let rng = ChaCha8Rng::seed_from_u64(root.random());
+            let temper = Temper {
+                closes: options.temper.closes && kind == Kind::Maintainer,
+                ..options.temper.clone()
+            };
+            actors.push(Actor::new(
+                i,
+                kind,
+                principal,
+                rng,
+                temper,
+                options.sessions.clone(),
+            ));
+        }
+        let writer = SimWriter::new(options.commits, ChaCha8Rng::seed_from_u64(root.random()));
+        let net = SimNet::new(
+            ChaCha8Rng::seed_from_u64(root.random()),
+            options.latency_ms.0,
+            options.latency_ms.1,
+        );
+        let mut oracle = AxpOracle::default();
+        oracle.store_faults = options.store_fault.is_some();
+        let mut world = AxpWorld {
+            rng: root,
+            config,
+            host,
+            writer,
+            net,
+            actors,
+            board: Board::default(),
+            oracle,
+            durability: DurabilityOracle::default(),
+            agenda: BTreeMap::new(),
+            agenda_next: 0,
+            conn_next: 1,
+            now_ms: 0,
+            steps: 0,
+            liveness: false,
+            hash: Sha256::new(),
+            restarts: 0,
+            cuts: 0,
+            trace: false,
+            options,
+        };
+        for i in 0..world.actors.len() {
+            let at = world.rng.random_range(0..=world.options.think_ms_max);
+            world.schedule(at, Event::Connect(i));
+            world.schedule(at + 1, Event::Turn(i));
+        }
+        if let Some(interval) = world.options.restart_interval_ms {
+            let at = world.rng.random_range(1..=2 * interval);
+            world.schedule(at, Event::Restart);
+        }
+        world
+    }
+
+    fn schedule(&mut self, at_ms: u64, event: Event) {
+        self.agenda.insert((at_ms, self.agenda_next), event);
+        self.agenda_next += 1;
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            mono: Instant(self.now_ms),
+            wall_unix_ms: EPOCH_MS + self.now_ms,
+        }
+    }
+
+    fn violation(&self, message: impl Into<String>) -> Violation {
+        Violation {
+            seed: self.options.seed,
+            step: self.steps,
+            at_ms: self.now_ms,
+            message: format!("axp: {}", message.into()),
+        }
+    }
+
+    fn host(&self) -> Result<&Host<SimStore>, Violation> {
+        self.host
+            .as_ref()
+            .ok_or_else(|| self.violation("the host failed to start"))
+    }
+
+    // ─── Calls into the host ────────────────────────────────────────────────────────────────
+
+    fn feed(&mut self, input: Input<'_>) -> Result<(), Violation> {
+        let now = self.now();
+        let Some(host) = self.host.as_ref() else {
+            return Err(self.violation("the host failed to start"));
+        };
+        match &input {
+            Input::Message { conn, text } => {
+                let wall_ms = now.wall_unix_ms;
+                self.oracle
+                    .feeding(*conn, text, wall_ms, || host.axp_inspect());
+                self.durability.feeding(&input);
+            }
+            Input::Connected { conn, principal } => self.oracle.connected(*conn, principal),
+            Input::Closed { conn } => {
+                self.oracle.closed(*conn);
+                self.durability.closed(*conn);
+            }
+            Input::CommitFailed { .. } => self.oracle.rolling_back(),
+            _ => {}
+        }
+        // Only a message, a timer or a failed commit can change the exchange: delivery reports,
+        // durability reports and connection events leave it as it is (checked in unit tests).
+        let changes = matches!(input, Input::Message { .. } | Input::CommitFailed { .. });
+        if let Some(h) = self.host.as_mut() {
+            h.handle(now, input);
+        }
+        if changes {
+            self.fed()
+        } else {
+            self.drain()
+        }
+    }
+
+    fn fed(&mut self) -> Result<(), Violation> {
+        self.drain()?;
+        let inspect = self.host()?.axp_inspect();
+        let checked = self.oracle.fed(inspect);
+        checked.map_err(|m| self.violation(m))
+    }
+
+    fn drain(&mut self) -> Result<(), Violation> {
+        loop {
+            let Some(out) = self.host.as_mut().and_then(Host::poll_output) else {
+                return Ok(());
+            };
+            match out {
+                Output::Send { conn, frame } => {
+                    self.hash.update(conn.0.to_le_bytes());
+                    self.hash.update(frame.as_bytes());
+                    let text = frame.as_str().to_owned();
+                    if let Some(host) = self.host.as_ref() {
+                        let durable = self.durability.on_send(conn, &text, host.store().mem());
+                        durable.map_err(|m| self.violation(m))?;
+                    }
+                    let checked = self.oracle.on_send(conn, &text);
+                    checked.map_err(|m| self.violation(m))?;
+                    if self.trace {
+                        eprintln!("    host -> {conn:?}: {}", clip(&text));
+                    }
+                    if !self.net.send_to_client(conn, frame, self.now_ms) {
+                        return Err(
+                            self.violation("output for a connection the driver no longer has")
+                        );
+                    }
+                }
+                Output::Close { conn, code, reason } => {
+                    self.hash.update(b"close");
+                    self.hash.update(conn.0.to_le_bytes());
+                    self.net.close_to_client(conn, code, reason, self.now_ms);
+                }
+                Output::Commit(change) => {
+                    self.hash.update(change.number.to_le_bytes());
+                    let submitted = self.writer.submit(change, self.now_ms);
+                    submitted.map_err(|m| self.violation(m))?;
+                }
+            }
+        }
+    }
+
+    // ─── Stepping ───────────────────────────────────────────────────────────────────────────
+
+    fn next_due(&self) -> Option<(u64, Due)> {
+        let mut best: Option<(u64, Due)> = None;
+        let mut offer = |at: u64, due: Due| {
+            if best.is_none_or(|b| (at, due) < b) {
+                best = Some((at, due));
+            }
+        };
+        if let Some(deadline) = self.host.as_ref().and_then(|h| h.poll_timeout()) {
+            offer(deadline.0, Due::HostTimer);
+        }
+        if let Some(at) = self.writer.next_due() {
+            offer(at, Due::Writer);
+        }
+        if let Some((at, conn, dir)) = self.net.earliest() {
+            offer(at, Due::Net(conn, dir));
+        }
+        if let Some((&(at, n), _)) = self.agenda.first_key_value() {
+            offer(at, Due::Agenda(at, n));
+        }
+        best
+    }
+
+    /// Runs the earliest event. False when nothing is left to run.
+    pub fn step(&mut self) -> Result<bool, Violation> {
+        let Some((at, due)) = self.next_due() else {
+            return Ok(false);
+        };
+        self.now_ms = self.now_ms.max(at);
+        self.steps += 1;
+        if self.trace {
+            eprintln!("[{:>6} t={:>7}] {due:?}", self.steps, self.now_ms);
+        }
+        match due {
+            Due::HostTimer => {
+                let now = self.now();
+                if let Some(h) = self.host.as_mut() {
+                    h.handle_timeout(now);
+                }
+                self.fed()?;
+            }
+            Due::Writer => self.run_writer()?,
+            Due::Net(conn, Direction::ToHost) => match self.net.pop_to_host(conn) {
+                Some(ToHost::Message(bytes)) => {
+                    let text = String::from_utf8(bytes)
+                        .map_err(|_| self.violation("an actor sent non-UTF-8"))?;
+                    self.feed(Input::Message { conn, text: &text })?;
+                }
+                Some(ToHost::Closed) => {
+                    self.net.remove(conn);
+                    self.feed(Input::Closed { conn })?;
+                }
+                None => {}
+            },
+            Due::Net(conn, Direction::ToClient) => self.deliver(conn)?,
+            Due::Agenda(at, n) => {
+                if let Some(event) = self.agenda.remove(&(at, n)) {
+                    self.fire(event)?;
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn run_writer(&mut self) -> Result<(), Violation> {
+        let Some(host) = self.host.as_mut() else {
+            return Ok(());
+        };
+        let outcomes = self
+            .writer
+            .run_due(self.now_ms, |batch| host.store_mut().commit_group(batch));
+        self.report(outcomes)
+    }
+
+    fn report(&mut self, outcomes: Vec<Outcome>) -> Result<(), Violation> {
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Durable { through } => self.feed(Input::Durable { through })?,
+                Outcome::Failed { number } => {
+                    self.feed(Input::CommitFailed { number })?;
+                    let inspect = self.host()?.axp_inspect();
+                    let checked = self.oracle.rolled_back(inspect);
+                    checked.map_err(|m| self.violation(format!("after a failed commit: {m}")))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(&mut self, conn: ConnId) -> Result<(), Violation> {
+        let Some(i) = self.net.link(conn).map(|l| l.client) else {
+            return Ok(());
+        };
+        match self.net.pop_to_client(conn) {
+            Some(ToClient::Frame(frame)) => {
+                let bytes = frame.len() as u64;
+                self.net.flushed(conn, bytes);
+                self.feed(Input::Flushed { conn, bytes })?;
+                if self.actors[i].conn.is_some_and(|(c, _)| c == conn) {
+                    let handled = self.actors[i].on_frame(frame.as_str(), &mut self.board);
+                    handled.map_err(|m| self.violation(format!("actor {i}: {m}")))?;
+                    self.flush(i);
+                }
+            }
+            Some(ToClient::Close(..)) => {
+                if self.actors[i].conn.is_some_and(|(c, _)| c == conn) {
+                    self.actors[i].disconnected();
+                    self.reconnect_later(i);
+                }
+                self.net.remove(conn);
+                self.feed(Input::Closed { conn })?;
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, i: usize) {
+        let Some((conn, _)) = self.actors[i].conn else {
+            self.actors[i].outbox.clear();
+            return;
+        };
+        for text in std::mem::take(&mut self.actors[i].outbox) {
+            if self.trace {
+                eprintln!(
+                    "    actor {i} -> {conn:?}: {}",
+                    clip(&String::from_utf8_lossy(&text))
+                );
+            }
+            self.net.send_to_host(conn, text, self.now_ms);
+        }
+    }
+
+    fn reconnect_later(&mut self, i: usize) {
+        let at = self.now_ms + self.rng.random_range(1..=self.options.think_ms_max * 2 + 1);
+        self.schedule(at, Event::Connect(i));
+    }
+
+    fn fire(&mut self, event: Event) -> Result<(), Violation> {
+        match event {
+            Event::Connect(i) => self.connect(i),
+            Event::Turn(i) => {
+                if !self.liveness && self.options.cut.hit(&mut self.rng) {
+                    self.cut(i);
+                } else {
+                    self.actors[i].act(self.now_ms, &self.board);
+                    self.flush(i);
+                }
+                let at = self.now_ms + self.rng.random_range(1..=self.options.think_ms_max);
+                self.schedule(at, Event::Turn(i));
+                Ok(())
+            }
+            Event::Restart => {
+                if self.liveness {
+                    return Ok(());
+                }
+                let kill = self.options.kills.hit(&mut self.rng);
+                self.restart(kill)?;
+                if let Some(interval) = self.options.restart_interval_ms {
+                    let at = self.now_ms + self.rng.random_range(1..=2 * interval);
+                    self.schedule(at, Event::Restart);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn connect(&mut self, i: usize) -> Result<(), Violation> {
+        if self.actors[i].conn.is_some() || self.host.is_none() {
+            return Ok(());
+        }
+        let conn = ConnId(self.conn_next);
+        self.conn_next += 1;
+        self.net.open(conn, i);
+        let principal = self.actors[i].principal.clone();
+        let client_id = self.actors[i].client_id.clone();
+        self.durability.connected(conn, &client_id, &principal);
+        self.feed(Input::Connected { conn, principal })?;
+        self.actors[i].connected(conn);
+        self.flush(i);
+        Ok(())
+    }
+
+    /// Actor `i` loses its connection (abruptly: what it sent may be lost too).
+    fn cut(&mut self, i: usize) {
+        let Some((conn, _)) = self.actors[i].conn else {
+            return;
+        };
+        self.cuts += 1;
+        self.actors[i].disconnected();
+        self.net.client_disconnect(conn, true, self.now_ms);
+        self.reconnect_later(i);
+    }
+
+    /// Stops the host (killed: commits in flight are lost; clean: the writer finishes first)
+    /// and starts a new one over the same store. Every connection dies with the process.
+    fn restart(&mut self, kill: bool) -> Result<(), Violation> {
+        if kill {
+            self.writer.crash();
+        } else {
+            let mut far = self.now_ms;
+            while self.writer.busy() {
+                far += 1_000_000_000;
+                let Some(host) = self.host.as_mut() else {
+                    break;
+                };
+                let outcomes = self
+                    .writer
+                    .run_due(far, |batch| host.store_mut().commit_group(batch));
+                self.report(outcomes)?;
+            }
+            self.writer.crash();
+        }
+        let Some(host) = self.host.take() else {
+            return Ok(());
+        };
+        let mut store = host.into_store();
+        store.refused = 0;
+        for (conn, link) in self.net.drop_all() {
+            if self.actors[link.client]
+                .conn
+                .is_some_and(|(c, _)| c == conn)
+            {
+                self.actors[link.client].disconnected();
+                self.reconnect_later(link.client);
+            }
+        }
+        self.oracle.restarted();
+        self.durability.restarted();
+        self.restarts += 1;
+        let host = Host::new(self.config.clone(), store, self.rng.random())
+            .map_err(|e| self.violation(format!("the host failed to restart: {e}")))?;
+        let resumed = self.durability.after_restart(host.server_seq());
+        resumed.map_err(|m| self.violation(m))?;
+        let inspect = host.axp_inspect();
+        self.host = Some(host);
+        let checked = self.oracle.rolled_back(inspect);
+        checked.map_err(|m| self.violation(format!("after a restart: {m}")))?;
+        // The new process orphaned every lease in one change of its own.
+        self.drain()
+    }
+
+    // ─── Phases ─────────────────────────────────────────────────────────────────────────────
+
+    /// The safety phase.
+    pub fn run_safety(&mut self) -> Result<(), Violation> {
+        while self.now_ms < self.options.duration_ms {
+            if !self.step()? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The liveness phase: heal, wind down, let every lease run out, then compare.
+    pub fn settle(&mut self) -> Result<(), Violation> {
+        self.liveness = true;
+        self.net.heal();
+        self.writer.heal();
+        if let Some(h) = &self.host {
+            h.store().disarm();
+        }
+        for a in &mut self.actors {
+            a.winding_down = true;
+        }
+        let deadline = self.now_ms + SETTLE_BUDGET_MS;
+        // Executors settle and release; every actor's requests are answered.
+        while let Some(why) = self.unsettled() {
+            if self.now_ms > deadline || !self.step()? {
+                return Err(self.violation(format!("liveness: did not wind down: {why}")));
+            }
+        }
+        // Leases the executors lost track of run out on the host's timers.
+        let until = self.now_ms + LEASE_MS_MAX + 1;
+        while let Some((at, _)) = self.next_due() {
+            if at > until {
+                break;
+            }
+            self.step()?;
+        }
+        self.now_ms = self.now_ms.max(until);
+        // Observers subscribe to every session they do not mirror yet; then all quiet.
+        while let Some(why) = self.unsettled() {
+            if self.now_ms > deadline + SETTLE_BUDGET_MS || !self.step()? {
+                return Err(self.violation(format!("liveness: did not settle: {why}")));
+            }
+        }
+        self.final_check()
+    }
+
+    /// Why the world is not quiet yet.
+    fn unsettled(&self) -> Option<String> {
+        for a in &self.actors {
+            match a.conn {
+                None => return Some(format!("actor {} is offline", a.index)),
+                Some((_, false)) => return Some(format!("actor {} has no handshake", a.index)),
+                Some(_) => {}
+            }
+            if !a.idle() {
+                return Some(format!("actor {} awaits answers", a.index));
+            }
+            if a.kind == Kind::Executor && a.busy() {
+                return Some(format!("executor {} still holds work", a.index));
+            }
+            if a.kind == Kind::Observer {
+                let missing = self
+                    .board
+                    .sessions
+                    .iter()
+                    .find(|s| !a.mirrors.contains_key(&format!("axp-session:/{s}")));
+                if let Some(s) = missing {
+                    return Some(format!("observer {} does not mirror {s}", a.index));
+                }
+            }
+        }
+        if !self.net.is_idle() {
+            return Some("frames in flight".into());
+        }
+        if self.writer.busy() {
+            return Some("commits in flight".into());
+        }
+        None
+    }
+
+    fn final_check(&mut self) -> Result<(), Violation> {
+        let inspect = self.host()?.axp_inspect();
+        let checked = self.oracle.final_check(&inspect);
+        checked.map_err(|m| self.violation(format!("liveness: {m}")))?;
+        for a in self.actors.iter().filter(|a| a.kind == Kind::Observer) {
+            for (channel, mirror) in &a.mirrors {
+                let host = if channel == EXECUTORS {
+                    Some(&inspect.executors)
+                } else {
+                    channel
+                        .strip_prefix("axp-session:/")
+                        .and_then(|s| inspect.exchanges.get(s))
+                };
+                let Some(host) = host else {
+                    return Err(self.violation(format!(
+                        "observer {} mirrors {channel}, which the host does not hold",
+                        a.index
+                    )));
+                };
+                if *host != mirror.state {
+                    return Err(self.violation(format!(
+                        "observer {}'s mirror of {channel} differs from the host: {}",
+                        a.index,
+                        crate::replica::difference(&mirror.state, host, ("mirror", "host"))
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The run's report.
+    pub fn report_now(&self) -> AxpReport {
+        let sum = |f: fn(&Actor) -> u64| self.actors.iter().map(f).sum::<u64>();
+        AxpReport {
+            seed: self.options.seed,
+            digest: Digest(self.hash.clone().finalize().into()),
+            steps: self.steps,
+            sim_ms: self.now_ms,
+            restarts: self.restarts,
+            cuts: self.cuts,
+            requests: (
+                sum(|a| a.counts.0),
+                sum(|a| a.counts.1),
+                sum(|a| a.counts.2),
+            ),
+            oracle: self.oracle.stats.clone(),
+            commits: self.writer.stats.clone(),
+        }
+    }
+}
+
+fn principal(id: &str, role: Role) -> Principal {
+    Principal {
+        role,
+        ..Principal::maintainer(id)
+    }
+}
+
+fn clip(text: &str) -> String {
+    if text.len() <= 300 {
+        return text.to_owned();
+    }
+    format!(
+        "{}… ({} bytes)",
+        text.chars().take(300).collect::<String>(),
+        text.len()
+    )
+}
