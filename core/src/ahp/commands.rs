@@ -10,6 +10,7 @@ use crate::ahp::sessions::Sessions;
 use crate::channel::{self, session_uri, ROOT};
 use crate::error::{RpcError, PROVIDER_NOT_FOUND, SESSION_ALREADY_EXISTS};
 use crate::host::parse_params;
+use crate::kernel::time::iso8601;
 use crate::kernel::Kernel;
 use crate::log::store::Store;
 use crate::log::write_path::{Touched, Txn};
@@ -58,6 +59,20 @@ fn modified_ms(iso: &str) -> i64 {
     iso.parse::<jiff::Timestamp>()
         .map(|t| t.as_millisecond())
         .unwrap_or(0)
+}
+
+/// The `modifiedAt` listSessions shows and sorts by, in ms: the chat's, or the newest AXP
+/// comment's when that is later (as the reference lists sessions; root notifications follow
+/// the chat only, as there).
+fn listed_ms(e: &SessionEntry) -> i64 {
+    let chat = modified_ms(e.modified_at());
+    let comment = e
+        .exchange
+        .discussion
+        .as_ref()
+        .and_then(|d| d.last())
+        .map_or(0, |c| i64::try_from(c.created_at).unwrap_or(i64::MAX));
+    chat.max(comment)
 }
 
 impl Sessions {
@@ -154,7 +169,7 @@ impl Sessions {
         let mut rows: Vec<(i64, String, &SessionEntry)> = self
             .values()
             .filter(|e| principal.can_read_session(&e.id))
-            .map(|e| (modified_ms(e.modified_at()), session_uri(&e.id), e))
+            .map(|e| (listed_ms(e), session_uri(&e.id), e))
             .collect();
         rows.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         // The cursor names the last row of the previous page: `<modifiedMs>|<resource>`.
@@ -174,7 +189,13 @@ impl Sessions {
         let items: Vec<Value> = page
             .iter()
             .take(limit)
-            .filter_map(|r| serde_json::to_value(r.2.summary()).ok())
+            .filter_map(|r| {
+                let mut summary = r.2.summary();
+                if r.0 > modified_ms(&summary.modified_at) {
+                    summary.modified_at = iso8601(r.0.max(0) as u64);
+                }
+                serde_json::to_value(summary).ok()
+            })
             .collect();
         let mut result = json!({ "items": items });
         if page.len() > limit {

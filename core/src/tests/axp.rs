@@ -1139,6 +1139,47 @@ fn comments_are_attributed_bounded_and_tied_to_the_checkpoint() {
     check("axp/exchange.state", &ax.exchange());
 }
 
+#[test]
+fn list_sessions_counts_the_newest_comment_as_a_modification() {
+    let mut ax = Ax::new();
+    ax.advance(1_000);
+    ax.h.create(M, "s2");
+    let listed = |ax: &mut Ax| {
+        let r = ax.ok(M, "listSessions", json!({"channel": "ahp-root://"}));
+        let items = r["items"].as_array().cloned().unwrap_or_default();
+        items
+            .iter()
+            .map(|i| {
+                (
+                    i["resource"].as_str().unwrap_or("").to_owned(),
+                    i["modifiedAt"].clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = listed(&mut ax);
+    assert_eq!(before[0].0, "ahp-session:/s2", "newest first: {before:?}");
+    ax.advance(5_000);
+    let c = ax.ok(
+        C,
+        "_axp/comment",
+        json!({"channel": X, "body": "later", "checkpoint": null, "path": null}),
+    );
+    let at = c["createdAt"].as_u64().expect("createdAt");
+    let after = listed(&mut ax);
+    assert_eq!(
+        after[0].0, "ahp-session:/s1",
+        "the commented session first: {after:?}"
+    );
+    assert_eq!(after[0].1, json!(crate::kernel::time::iso8601(at)));
+    assert_eq!(after[1], before[0], "the other session is as it was");
+    // Root summaries follow the chat only, as the reference's do.
+    assert_ne!(
+        ax.h.host.channel_state("ahp-session:/s1").expect("session")["chats"][0]["modifiedAt"],
+        after[0].1
+    );
+}
+
 fn b64(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
