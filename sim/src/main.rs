@@ -275,6 +275,7 @@ struct AxpTotals {
     steps: u64,
     restarts: u64,
     cuts: u64,
+    stalls: u64,
     requests: (u64, u64, u64),
     states: u64,
     stale: u64,
@@ -297,6 +298,7 @@ impl AxpTotals {
         self.steps += r.steps;
         self.restarts += r.restarts;
         self.cuts += r.cuts;
+        self.stalls += r.stalls;
         self.requests.0 += r.requests.0;
         self.requests.1 += r.requests.1;
         self.requests.2 += r.requests.2;
@@ -313,8 +315,8 @@ impl AxpTotals {
 
     fn print(&self) {
         println!(
-            "AXP worlds: {} passed, {} steps, {} restarts, {} cuts",
-            self.runs, self.steps, self.restarts, self.cuts
+            "AXP worlds: {} passed, {} steps, {} restarts, {} cuts, {} stalls",
+            self.runs, self.steps, self.restarts, self.cuts, self.stalls
         );
         println!(
             "  {:>9}  requests ({} sent again after a cut, {} duplicated on purpose)",

@@ -939,6 +939,17 @@ mod axp {
     }
 
     #[test]
+    fn axp_stalled_executors_lose_their_leases_and_are_fenced() {
+        let r = runs(|o| {
+            o.stall = Ratio::new(1, 20);
+            o.stall_ms_max = 15_000;
+            o.duration_ms = 40_000;
+        });
+        assert!(total(&r, |r| r.stalls) > 0);
+        assert!(refused(&r, -32040) > 0, "no stalled executor was fenced");
+    }
+
+    #[test]
     fn axp_overspends_are_recorded_and_revoke_the_grant() {
         let r = runs(|o| o.temper.overspend_in = 2);
         assert!(

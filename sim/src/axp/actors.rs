@@ -109,6 +109,8 @@ pub struct Actor {
     ops: u64,
     /// The liveness phase: finish what is open, start nothing new.
     pub winding_down: bool,
+    /// A stall (half-open connection, suspended process): nothing is done before this.
+    pub stalled_until_ms: u64,
     // Executor.
     executor_id: String,
     registered_until_ms: u64,
@@ -155,6 +157,7 @@ impl Actor {
             outbox: Vec::new(),
             ops: 0,
             winding_down: false,
+            stalled_until_ms: 0,
             executor_id: format!("x{index}"),
             registered_until_ms: 0,
             granted: BTreeSet::new(),
@@ -268,6 +271,9 @@ impl Actor {
 
     /// One turn of the actor at `now_ms`.
     pub fn act(&mut self, now_ms: u64, board: &Board) {
+        if now_ms < self.stalled_until_ms {
+            return;
+        }
         match self.conn {
             Some((_, true)) => {}
             Some((_, false)) if self.pending.is_empty() => return self.handshake(),

@@ -5,8 +5,8 @@
 //! and the durability oracle ([`DurabilityOracle`]) with the AHP world; what it adds is the
 //! AXP roles ([`crate::axp::actors`]) and the AXP oracles ([`crate::axp::oracle`]).
 //!
-//! Two phases: a *safety* phase of `duration_ms` with every fault on (cut connections, slow
-//! and failed commits, crashes with commits in flight, restarts, late renewals, overspends),
+//! Two phases: a *safety* phase of `duration_ms` with every fault on (cut connections, stalled
+//! actors, slow and failed commits, crashes with commits in flight, restarts, late renewals, overspends),
 //! then a *liveness* phase that heals everything, lets executors finish and release, runs the
 //! clock past every lease, and requires that every observer's mirror equals the host and that
 //! every acknowledged reservation ended in exactly one usage entry.
@@ -54,6 +54,11 @@ pub struct AxpOptions {
     pub latency_ms: (u64, u64),
     /// Per actor turn: the connection is cut.
     pub cut: Ratio,
+    /// Per actor turn: the actor stalls (half-open: it neither reads nor sends) for up to
+    /// `stall_ms_max`, long enough for its lease to run out.
+    pub stall: Ratio,
+    /// Longest stall.
+    pub stall_ms_max: u64,
     /// A restart every this long on average (clean or killed).
     pub restart_interval_ms: Option<u64>,
     /// Of restarts, the share that kill the process with commits in flight.
@@ -111,6 +116,12 @@ impl AxpOptions {
             restart_interval_ms: Ratio::new(1, 2)
                 .hit(&mut rng)
                 .then(|| rng.random_range(5_000..=30_000)),
+            stall: if Ratio::new(1, 3).hit(&mut rng) {
+                Ratio::new(1, rng.random_range(50..=400))
+            } else {
+                Ratio::NEVER
+            },
+            stall_ms_max: rng.random_range(1_000..=15_000),
             kills: Ratio::new(rng.random_range(0..=2), 2),
             store_fault,
             commits,
@@ -136,6 +147,8 @@ impl AxpOptions {
             think_ms_max: 200,
             latency_ms: (1, 5),
             cut: Ratio::NEVER,
+            stall: Ratio::NEVER,
+            stall_ms_max: 0,
             restart_interval_ms: None,
             kills: Ratio::NEVER,
             store_fault: None,
@@ -180,6 +193,8 @@ pub struct AxpReport {
     pub restarts: u64,
     /// Connections cut.
     pub cuts: u64,
+    /// Actors stalled.
+    pub stalls: u64,
     /// Requests sent, mutations sent again after a cut, deliberate duplicates.
     pub requests: (u64, u64, u64),
     /// What the oracles checked.
@@ -212,6 +227,7 @@ pub struct AxpWorld {
     hash: Sha256,
     restarts: u64,
     cuts: u64,
+    stalls: u64,
     /// Print every step to stderr.
     pub trace: bool,
 }
@@ -300,6 +316,7 @@ impl AxpWorld {
             hash: Sha256::new(),
             restarts: 0,
             cuts: 0,
+            stalls: 0,
             trace: false,
             options,
         };
@@ -568,6 +585,9 @@ impl AxpWorld {
             Event::Turn(i) => {
                 if !self.liveness && self.options.cut.hit(&mut self.rng) {
                     self.cut(i);
+                } else if !self.liveness && self.options.stall.hit(&mut self.rng) {
+                    let ms = self.rng.random_range(1..=self.options.stall_ms_max.max(1));
+                    self.stall(i, ms);
                 } else {
                     self.actors[i].act(self.now_ms, &self.board);
                     self.flush(i);
@@ -616,6 +636,18 @@ impl AxpWorld {
         self.actors[i].disconnected();
         self.net.client_disconnect(conn, true, self.now_ms);
         self.reconnect_later(i);
+    }
+
+    /// Actor `i` stalls for `ms`: it reads nothing (the link holds what the host sends) and
+    /// does nothing, as a half-open connection or a suspended process would; its heartbeats
+    /// stop, so its lease may run out meanwhile.
+    fn stall(&mut self, i: usize, ms: u64) {
+        let Some((conn, _)) = self.actors[i].conn else {
+            return;
+        };
+        self.stalls += 1;
+        self.net.clog(conn, self.now_ms + ms);
+        self.actors[i].stalled_until_ms = self.now_ms + ms;
     }
 
     /// Stops the host (killed: commits in flight are lost; clean: the writer finishes first)
@@ -789,6 +821,7 @@ impl AxpWorld {
             sim_ms: self.now_ms,
             restarts: self.restarts,
             cuts: self.cuts,
+            stalls: self.stalls,
             requests: (
                 sum(|a| a.counts.0),
                 sum(|a| a.counts.1),
