@@ -174,7 +174,17 @@ impl<S: Store> Host<S> {
                 self.services.forget(&mut self.k, conn);
             }
             Input::Durable { through } => self.k.on_durable(through),
-            Input::CommitFailed { number } => self.on_commit_failed(number),
+            Input::CommitFailed { number } => {
+                self.on_commit_failed(number);
+                // Right after a failure the host is exactly the durable state; held messages
+                // go in the next call (`Timer::Held`), not this one.
+                self.reap();
+                if self.k.held_messages() > 0 {
+                    let now = self.k.now().mono;
+                    self.k.arm(Timer::Held, now);
+                }
+                return;
+            }
         }
         self.reap();
         self.handle_held();
@@ -245,6 +255,8 @@ impl<S: Store> Host<S> {
     /// Fires every timer due at or before `now.mono`. Early or repeated calls do nothing.
     pub fn handle_timeout(&mut self, now: Now) {
         self.k.advance(now);
+        // Held messages first: a held `_axp/renew` goes before the expiry of its lease.
+        self.handle_held();
         while let Some(timer) = self.k.pop_due_timer() {
             match timer {
                 Timer::Handshake(conn) => {
@@ -262,6 +274,8 @@ impl<S: Store> Host<S> {
                     crate::axp::lease::on_timer(&mut self.k, &mut self.sessions, &id)
                 }
                 Timer::Executor(id) => self.axp.executors.on_timer(&mut self.k, &id),
+                // Handled above and below.
+                Timer::Held => {}
             }
         }
         self.reap();
