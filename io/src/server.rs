@@ -41,6 +41,7 @@ mod driver_limits;
 mod durability;
 mod handshake;
 pub mod http;
+mod input_gate;
 mod read_rounds;
 mod shutdown;
 mod slots;
@@ -63,6 +64,7 @@ pub use driver_limits::{
     message_bytes_max_for_role, DriverLimits, DEFAULT_PARTIAL_MESSAGE_BYTES_TOTAL_MAX,
     DEFAULT_PRE_AUTH_SOCKETS_MAX,
 };
+use input_gate::InputGate;
 use mio::net::TcpListener;
 use mio::{Interest, Poll, Token};
 use read_rounds::TurnLoad;
@@ -225,6 +227,9 @@ struct Driver<S: Store> {
     read_buffers: BufferPool,
     /// When the last wait returned: the work since then is the current turn.
     woke_at: std::time::Instant,
+    /// Reading paused while the core takes no input (the write path is full), and the
+    /// connections parked meanwhile (`input_gate`).
+    gate: InputGate,
 }
 
 impl<S: Store> Driver<S> {
@@ -280,6 +285,7 @@ impl<S: Store> Driver<S> {
             filled_share: Vec::with_capacity(FILLED_SHARE_SAMPLES_MAX),
             read_buffers: BufferPool::default(),
             woke_at: std::time::Instant::now(),
+            gate: InputGate::default(),
         })
     }
 }
