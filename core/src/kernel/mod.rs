@@ -537,6 +537,9 @@ impl<S: Store> Kernel<S> {
 
     /// The oldest held message, if the write path has room for it (or it needs none).
     pub(crate) fn next_held(&mut self) -> Option<HeldMessage> {
+        if self.hold.is_empty() {
+            return None;
+        }
         let room = self.has_room();
         let message = self.hold.pop_ready(room)?;
         if let Some(c) = self.conns.get_mut(message.conn) {
