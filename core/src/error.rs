@@ -92,6 +92,16 @@ impl RpcError {
         RpcError::new(LIMIT, message)
     }
 
+    /// `-32043`: the write path is full and so is the hold for messages that wait for it
+    /// (`Limits::held_messages_max`); nothing was applied and a retry may succeed.
+    pub fn busy() -> RpcError {
+        RpcError::new(
+            LIMIT,
+            "The host is busy: too many changes are waiting for the disk. Nothing was applied; \
+             try again shortly",
+        )
+    }
+
     /// `-32603`: the store refused the change; nothing was applied.
     pub fn commit_failed() -> RpcError {
         RpcError::new(

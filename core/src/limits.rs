@@ -88,6 +88,21 @@ pub struct Limits {
     /// Grants one AXP session holds; a new `_axp/grant` gets `-32043` above. The AXP host has
     /// no such bound.
     pub grants_per_session_max: u32,
+    /// Changes issued and not yet reported durable, at most: what the host keeps in memory for
+    /// a disk that is behind. At the limit the host takes no new input that may need a change
+    /// (backpressure: `Host::accepting_input` is false, the driver stops reading, and messages
+    /// already read wait in the hold below) until the writer catches up.
+    pub in_flight_changes_max: u32,
+    /// Messages held, at most, while the write path is full: messages that may need a change,
+    /// and every later message of a connection that has one held, wait here in arrival order
+    /// and are handled as soon as the writer reports changes durable. A driver that stops
+    /// reading while `Host::accepting_input` is false holds at most a message or so; past the
+    /// bound a message is refused with `-32043` (its connection is closed with 1008 if it
+    /// already has messages held, which its answer must not overtake).
+    pub held_messages_max: u32,
+    /// Bytes of held messages, at most (as `held_messages_max`); the first message is always
+    /// held whatever its size.
+    pub held_message_bytes_max: u64,
 }
 
 /// Defaults, named so tests and docs can cite them.
@@ -134,6 +149,13 @@ pub const BLOB_ENTRY_OVERHEAD_BYTES: u64 = 256;
 pub const DEFAULT_EXECUTORS_MAX: u32 = 10_000;
 /// See [`Limits::grants_per_session_max`].
 pub const DEFAULT_GRANTS_PER_SESSION_MAX: u32 = 64;
+/// See [`Limits::in_flight_changes_max`]: as many changes as the production writer queues
+/// before `submit` blocks the loop (`io/src/writer.rs`).
+pub const DEFAULT_IN_FLIGHT_CHANGES_MAX: u32 = 4096;
+/// See [`Limits::held_messages_max`].
+pub const DEFAULT_HELD_MESSAGES_MAX: u32 = 1024;
+/// See [`Limits::held_message_bytes_max`]: a few maximal blob uploads.
+pub const DEFAULT_HELD_MESSAGE_BYTES_MAX: u64 = 64 * 1024 * 1024;
 
 /// The largest `_axp/blobPut` message for blobs of at most `blob_bytes_max` bytes: their
 /// base64 plus [`BLOB_ENVELOPE_BYTES`].
@@ -223,6 +245,9 @@ impl Default for Limits {
             blob_storage_bytes_max: DEFAULT_BLOB_STORAGE_BYTES_MAX,
             executors_max: DEFAULT_EXECUTORS_MAX,
             grants_per_session_max: DEFAULT_GRANTS_PER_SESSION_MAX,
+            in_flight_changes_max: DEFAULT_IN_FLIGHT_CHANGES_MAX,
+            held_messages_max: DEFAULT_HELD_MESSAGES_MAX,
+            held_message_bytes_max: DEFAULT_HELD_MESSAGE_BYTES_MAX,
         }
     }
 }
@@ -318,6 +343,9 @@ impl Limits {
                 "executors_max and grants_per_session_max must be at least 1",
             ));
         }
+        if self.in_flight_changes_max == 0 {
+            return Err(LimitsError("in_flight_changes_max must be at least 1"));
+        }
         Ok(())
     }
 
@@ -372,6 +400,9 @@ mod tests {
         assert_eq!(l.chat_bytes_total_max, 512 * 1024 * 1024);
         assert_eq!(l.blob_bytes_max, 16_000_000);
         assert_eq!(l.blob_storage_bytes_max, 2_000_000_000);
+        assert_eq!(l.in_flight_changes_max, 4096);
+        assert_eq!(l.held_messages_max, 1024);
+        assert_eq!(l.held_message_bytes_max, 64 * 1024 * 1024);
         // A maximal upload, as the reference sizes its frames (ceil(16e6 * 4 / 3) + room).
         let upload = l.message_bytes_max_for(Some("_axp/blobPut"));
         assert!(upload >= 21_333_336 + 4096, "{upload}");
@@ -421,6 +452,14 @@ mod tests {
             Err(LimitsError(
                 "frame_bytes_max must hold a blob upload: blob_bytes_max as base64 plus 64 KiB"
             ))
+        );
+        let l = Limits {
+            in_flight_changes_max: 0,
+            ..Limits::default()
+        };
+        assert_eq!(
+            l.validate(),
+            Err(LimitsError("in_flight_changes_max must be at least 1"))
         );
         let l = Limits {
             chat_bytes_total_max: DEFAULT_CHAT_BYTES_MAX - 1,

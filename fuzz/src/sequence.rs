@@ -470,6 +470,11 @@ pub fn tight_limits(session_limit: u8) -> Limits {
         blob_storage_bytes_max: 4096,
         executors_max: 2,
         grants_per_session_max: 2,
+        // Two changes in flight fill the write path while the writer queues, so messages are
+        // held (backpressure), and a hold of four overflows.
+        in_flight_changes_max: 2,
+        held_messages_max: 4,
+        held_message_bytes_max: 8192,
     }
 }
 

@@ -20,7 +20,9 @@
 //! feed are small: `read_rounds`), fire due timers, feed the writer's outcomes, drain
 //! `poll_output` to `None` (handing commits to the writer), write every connection with pending
 //! bytes, report what reached the socket, and repeat. The loop never waits for the disk, except
-//! when the writer's queue budget is spent (`writer.rs`).
+//! when the writer's queue budget is spent (`writer.rs`). While the core takes no input (its
+//! write path is full: `Host::accepting_input`), WebSockets are not read at all until the
+//! writer's outcomes free room (`input_gate`).
 //!
 //! Every connection gets a fresh `ConnId` at accept time (also used as its mio token), so ids are
 //! never reused; only connections that become WebSockets are ever shown to the core. The driver
@@ -30,8 +32,9 @@
 //! This file holds the driver's state and entry points; what the driver does is split by
 //! concept: `turn` (the event loop), `accept` (the pre-authentication table), `handshake`
 //! (request head to 101 or an HTTP answer), `traffic` (WebSocket reads, the core's outputs,
-//! writes and closes), `slots` (each socket's phase and timers), `shutdown` (signals) and
-//! `durability` (the writer thread's side).
+//! writes and closes), `slots` (each socket's phase and timers), `shutdown` (signals),
+//! `durability` (the writer thread's side) and `input_gate` (reading paused while the core's
+//! write path is full).
 
 mod accept;
 mod buffered_socket;
@@ -41,6 +44,7 @@ mod driver_limits;
 mod durability;
 mod handshake;
 pub mod http;
+mod input_gate;
 mod read_rounds;
 mod shutdown;
 mod slots;
@@ -63,6 +67,7 @@ pub use driver_limits::{
     message_bytes_max_for_role, DriverLimits, DEFAULT_PARTIAL_MESSAGE_BYTES_TOTAL_MAX,
     DEFAULT_PRE_AUTH_SOCKETS_MAX,
 };
+use input_gate::InputGate;
 use mio::net::TcpListener;
 use mio::{Interest, Poll, Token};
 use read_rounds::TurnLoad;
@@ -225,6 +230,9 @@ struct Driver<S: Store> {
     read_buffers: BufferPool,
     /// When the last wait returned: the work since then is the current turn.
     woke_at: std::time::Instant,
+    /// Reading paused while the core takes no input (the write path is full), and the
+    /// connections parked meanwhile (`input_gate`).
+    gate: InputGate,
 }
 
 impl<S: Store> Driver<S> {
@@ -280,6 +288,7 @@ impl<S: Store> Driver<S> {
             filled_share: Vec::with_capacity(FILLED_SHARE_SAMPLES_MAX),
             read_buffers: BufferPool::default(),
             woke_at: std::time::Instant::now(),
+            gate: InputGate::default(),
         })
     }
 }

@@ -406,6 +406,14 @@ impl Options {
             options.limits.chat_bytes_max = options.limits.chat_bytes_max.min(total);
         }
         options.draw_commits(seed);
+        // A narrow write path in a quarter of the seeds: a handful of changes in flight fill
+        // it, so the host's backpressure (input paused until the writer catches up, timers
+        // retrying for room) runs under every invariant. From a stream of its own, so every
+        // other seed keeps its run.
+        let mut narrow = ChaCha8Rng::seed_from_u64(seed ^ 0xbac4_9e55_0000_0000);
+        if Ratio::new(1, 4).hit(&mut narrow) {
+            options.limits.in_flight_changes_max = narrow.random_range(1..=4);
+        }
         options
     }
 

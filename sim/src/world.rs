@@ -14,7 +14,7 @@
 //! Everything random comes from one seed: the options are drawn first, then each
 //! sub-generator's seed, in a fixed order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use axhost_core::{
@@ -121,6 +121,9 @@ pub struct Counters {
     pub handshake_slow_closes: u64,
     /// Idle clientId bindings the host released, over every host lifetime.
     pub client_ids_released: u64,
+    /// Messages the driver left unread for a while because the host took no input (its write
+    /// path was full: backpressure).
+    pub unread: u64,
 }
 
 /// One run's outcome.
@@ -191,6 +194,10 @@ pub struct World {
     departed: bool,
     /// What clients told each other.
     gossip: Gossip,
+    /// Backpressure, as the production driver does it: what reached the host's side of a link
+    /// while the host took no input (`Host::accepting_input`), unread, in arrival order, with
+    /// whatever of the same connection arrived after it. Read once the writer catches up.
+    unread: VecDeque<(ConnId, ToHost)>,
 }
 
 impl World {
@@ -267,6 +274,7 @@ impl World {
             trace: false,
             departed: false,
             gossip: Gossip::default(),
+            unread: VecDeque::new(),
         };
         world.seed_agenda();
         world
@@ -411,6 +419,7 @@ impl World {
                 }
             }
         }
+        self.read_unread()?;
         self.drain()?;
         self.check()?;
         Ok(true)
@@ -518,19 +527,56 @@ impl World {
     }
 
     fn deliver_to_host(&mut self, conn: ConnId) -> Result<(), Violation> {
-        match self.net.pop_to_host(conn) {
-            Some(ToHost::Message(text)) => match std::str::from_utf8(&text) {
+        let Some(item) = self.net.pop_to_host(conn) else {
+            return Ok(());
+        };
+        // While the host takes no input the driver reads no socket: a message waits, and so
+        // does everything of its connection behind it (a close too).
+        let waits = self.unread.iter().any(|(c, _)| *c == conn)
+            || (matches!(item, ToHost::Message(_)) && !self.accepting_input());
+        if waits {
+            if matches!(item, ToHost::Message(_)) {
+                self.counters.unread += 1;
+            }
+            self.unread.push_back((conn, item));
+            return Ok(());
+        }
+        self.read_from_client(conn, item)
+    }
+
+    fn read_from_client(&mut self, conn: ConnId, item: ToHost) -> Result<(), Violation> {
+        match item {
+            ToHost::Message(text) => match std::str::from_utf8(&text) {
                 Ok(text) => self.feed(Input::Message { conn, text }),
                 // The driver's WebSocket layer only ever delivers UTF-8 text messages.
                 Err(_) => Err(self.violation("a simulated client sent a non-UTF-8 text message")),
             },
-            Some(ToHost::Closed) => {
+            ToHost::Closed => {
                 self.net.remove(conn);
                 self.checker.closed(conn);
                 self.feed(Input::Closed { conn })
             }
-            None => Ok(()),
         }
+    }
+
+    /// Whether the host takes input now (no host: nothing to hold back for).
+    fn accepting_input(&self) -> bool {
+        self.host.as_ref().is_none_or(Host::accepting_input)
+    }
+
+    /// Reads what waited while the host took no input, oldest first, for as long as it takes
+    /// input (a close needs no room and is read whenever it is next).
+    fn read_unread(&mut self) -> Result<(), Violation> {
+        while let Some((_, item)) = self.unread.front() {
+            if matches!(item, ToHost::Message(_)) && !self.accepting_input() {
+                break;
+            }
+            let Some((conn, item)) = self.unread.pop_front() else {
+                break;
+            };
+            self.read_from_client(conn, item)?;
+        }
+        Ok(())
     }
 
     fn deliver_to_client(&mut self, conn: ConnId) -> Result<(), Violation> {
@@ -579,6 +625,8 @@ impl World {
                 }
                 broken.map_err(|m| self.violation(format!("client {client} {conn:?}: {m}")))?;
                 self.net.remove(conn);
+                // The socket is gone, with whatever was still unread in it.
+                self.unread.retain(|(c, _)| *c != conn);
                 self.checker.closed(conn);
                 self.feed(Input::Closed { conn })?;
                 self.schedule_reconnect(client);
@@ -837,6 +885,7 @@ impl World {
         let store = host.into_store();
         self.store_faults_before += store.refused;
         let mut reconnect = Vec::new();
+        self.unread.clear();
         for (conn, link) in self.net.drop_all() {
             let c = &mut self.clients[link.client];
             if c.connection.as_ref().is_some_and(|x| x.conn == conn) {
@@ -957,6 +1006,7 @@ impl World {
         }
         let steps_max = self.steps + SETTLE_STEPS_MAX;
         while !self.net.is_idle()
+            || !self.unread.is_empty()
             || self.writer.busy()
             || self
                 .agenda
@@ -1019,6 +1069,9 @@ impl World {
         if !self.net.is_idle() {
             return Some("frames in flight".into());
         }
+        if !self.unread.is_empty() {
+            return Some("input unread while the host takes none".into());
+        }
         if self.writer.busy() {
             return Some("commits in flight".into());
         }
@@ -1045,7 +1098,7 @@ impl World {
 
     /// Like [`World::pending`] but only about the network and outstanding requests.
     fn quiet(&self) -> Option<String> {
-        if !self.net.is_idle() {
+        if !self.net.is_idle() || !self.unread.is_empty() {
             return Some("frames in flight".into());
         }
         if self.writer.busy() {

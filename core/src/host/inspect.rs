@@ -67,6 +67,11 @@ impl<S: Store> Host<S> {
         self.k.in_flight()
     }
 
+    /// Messages held until the write path has room (backpressure), and their bytes.
+    pub fn held_messages(&self) -> (usize, u64) {
+        (self.k.held_messages(), self.k.held_message_bytes())
+    }
+
     /// Counters.
     pub fn stats(&self) -> &Stats {
         self.k.stats()

@@ -21,6 +21,7 @@ use serde_json::value::RawValue;
 use crate::ahp::clients::{ClientBindings, ClientRecord};
 use crate::ahp::session::RestoreError;
 use crate::ahp::sessions::Sessions;
+use crate::axp::executors::TIMER_RETRY_MS;
 use crate::axp::Axp;
 use crate::error::RpcError;
 use crate::kernel::time::{Instant, Now, Timer};
@@ -162,6 +163,7 @@ impl<S: Store> Host<S> {
             Input::Flushed { conn, bytes } => self.k.conns_mut().flushed(conn, bytes),
             Input::Closed { conn } => {
                 self.k.disarm(&Timer::Handshake(conn));
+                self.k.drop_held(conn);
                 if let Some(Connection {
                     phase: Phase::Ready { client_id },
                     ..
@@ -172,9 +174,39 @@ impl<S: Store> Host<S> {
                 self.services.forget(&mut self.k, conn);
             }
             Input::Durable { through } => self.k.on_durable(through),
-            Input::CommitFailed { number } => self.on_commit_failed(number),
+            Input::CommitFailed { number } => {
+                self.on_commit_failed(number);
+                // Right after a failure the host is exactly the durable state; held messages
+                // go in the next call (`Timer::Held`), not this one.
+                self.reap();
+                if self.k.held_messages() > 0 {
+                    let now = self.k.now().mono;
+                    self.k.arm(Timer::Held, now);
+                }
+                return;
+            }
         }
         self.reap();
+        self.handle_held();
+    }
+
+    /// Handles held messages, oldest first, while the write path has room for them (room a
+    /// `Durable` or `CommitFailed` freed; a message that needs none goes as soon as it is at the
+    /// front). Each is handled as if it arrived now, then what it closed is reaped.
+    fn handle_held(&mut self) {
+        while let Some(held) = self.k.next_held() {
+            self.on_held_message(held.conn, held.first, &held.text);
+            self.reap();
+        }
+    }
+
+    /// Whether the host takes new input: false while `Limits::in_flight_changes_max` changes
+    /// wait for the disk or messages are held for that reason. A driver should stop reading
+    /// its peers while it is false (messages it reads anyway are held, up to
+    /// `Limits::held_messages_max`) and read again once an `Input::Durable` turns it true;
+    /// writing, `Flushed`, `Closed`, the writer's outcomes and timers go on as usual.
+    pub fn accepting_input(&self) -> bool {
+        self.k.accepting_input()
     }
 
     /// A failed commit: the log rolls back, every component rebuilds what the failed changes
@@ -213,6 +245,8 @@ impl<S: Store> Host<S> {
                 break;
             }
             for conn in closing {
+                // A closing connection's messages are ignored, held ones too.
+                self.k.drop_held(conn);
                 self.services.forget(&mut self.k, conn);
             }
         }
@@ -221,10 +255,17 @@ impl<S: Store> Host<S> {
     /// Fires every timer due at or before `now.mono`. Early or repeated calls do nothing.
     pub fn handle_timeout(&mut self, now: Now) {
         self.k.advance(now);
+        // Held messages first: a held `_axp/renew` goes before the expiry of its lease.
+        self.handle_held();
         while let Some(timer) = self.k.pop_due_timer() {
             match timer {
                 Timer::Handshake(conn) => {
-                    if !self.k.is_ready(conn) {
+                    let held = self.k.conn(conn).is_some_and(|c| c.messages_held > 0);
+                    if held {
+                        // Its handshake may be waiting for the disk, not missing.
+                        let at = self.k.now().mono.plus_ms(TIMER_RETRY_MS);
+                        self.k.arm(Timer::Handshake(conn), at);
+                    } else if !self.k.is_ready(conn) {
                         self.k.close(conn, CloseCode::Policy, "Initialize required");
                     }
                 }
@@ -233,9 +274,12 @@ impl<S: Store> Host<S> {
                     crate::axp::lease::on_timer(&mut self.k, &mut self.sessions, &id)
                 }
                 Timer::Executor(id) => self.axp.executors.on_timer(&mut self.k, &id),
+                // Handled above and below.
+                Timer::Held => {}
             }
         }
         self.reap();
+        self.handle_held();
     }
 
     /// Hands back a frame the driver has copied out, so its buffer is reused.

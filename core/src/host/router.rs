@@ -8,6 +8,7 @@ use crate::host::Host;
 use crate::limits::REQUEST_ID_BYTES_MAX;
 use crate::log::store::Store;
 use crate::net::connection::ConnId;
+use crate::net::output::CloseCode;
 use crate::net::wire::{self, Message};
 
 /// Which part of the host a method belongs to.
@@ -46,14 +47,83 @@ fn route(method: &str) -> Route {
     }
 }
 
+/// Whether a message may need a change on the write path (conservatively: a request that
+/// the host will refuse without one may still be counted): what waits in the input hold while
+/// the path is full. Client-service traffic, reads, `ping` and anything malformed need none.
+fn may_need_change(text: &str) -> bool {
+    if wire::parse_compact_notify(text).is_some() {
+        return false;
+    }
+    match wire::parse_text(text) {
+        Ok(Message::Request { method, .. }) => method_may_need_change(&method),
+        Ok(Message::Notification { method, .. }) => method == "dispatchAction",
+        Ok(Message::Response { .. }) | Err(_) => false,
+    }
+}
+
+fn method_may_need_change(method: &str) -> bool {
+    match route(method) {
+        // A new clientId binding is a change.
+        Route::Handshake => true,
+        Route::Ahp => method != "listSessions",
+        Route::Axp => !matches!(
+            crate::axp::method(method),
+            None | Some(crate::axp::Method::Export | crate::axp::Method::BlobGet)
+        ),
+        // Catalog events may need a reservation of numbers (`Kernel::reserve_ahead`).
+        Route::Services => matches!(
+            method,
+            "client/registerService" | "client/updateService" | "client/unregisterService"
+        ),
+        Route::Ping | Route::Channels | Route::Unknown => false,
+    }
+}
+
 impl<S: Store> Host<S> {
-    /// A message from `conn`; ignored unless it is open and not closing.
+    /// A message from `conn`; ignored unless it is open and not closing. While the write path
+    /// is full (or messages are held) a message that may need a change is held, and so is every
+    /// message of a connection with one held; the rest are handled at once.
     pub(super) fn on_message(&mut self, conn: ConnId, text: &str) {
-        let first = match self.k.conns_mut().live_mut(conn) {
-            Some(c) => !std::mem::replace(&mut c.seen_message, true),
+        let (first, behind) = match self.k.conns_mut().live_mut(conn) {
+            Some(c) => (
+                !std::mem::replace(&mut c.seen_message, true),
+                c.messages_held > 0,
+            ),
             None => return,
         };
         self.k.stats_mut().messages_in += 1;
+        if behind || !self.k.accepting_input() {
+            let needs_room = may_need_change(text);
+            if behind || needs_room {
+                if self.k.hold_message(conn, text, first, needs_room) {
+                    return;
+                }
+                if behind {
+                    // Its answer must not overtake those of the messages held before it.
+                    self.k
+                        .past_hold(conn, "connection closed: it has messages held already");
+                    return self.k.close(
+                        conn,
+                        CloseCode::Policy,
+                        "Too many messages waiting for the disk",
+                    );
+                }
+                // Handled now: whatever would need a change is refused with -32043.
+                self.k.past_hold(conn, "refused: -32043");
+            }
+        }
+        self.handle_message(conn, first, text);
+    }
+
+    /// A message taken from the input hold, once the write path has room.
+    pub(super) fn on_held_message(&mut self, conn: ConnId, first: bool, text: &str) {
+        if self.k.conns_mut().live_mut(conn).is_some() {
+            self.handle_message(conn, first, text);
+        }
+    }
+
+    /// Handles one message of a live connection.
+    fn handle_message(&mut self, conn: ConnId, first: bool, text: &str) {
         let limits = self.k.limits();
         let too_big = |method: Option<&str>| text.len() > limits.message_bytes_max_for(method);
         if let Some(notify) = wire::parse_compact_notify(text) {
@@ -220,5 +290,46 @@ mod tests {
         assert_eq!(route("_axp/claim"), Route::Axp);
         assert_eq!(route("_axp/checkpoint"), Route::Axp);
         assert_eq!(route("nope"), Route::Unknown);
+    }
+
+    #[test]
+    fn what_may_need_a_change_waits_for_room() {
+        let request = |m: &str| format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{m}"}}"#);
+        let notification = |m: &str| format!(r#"{{"jsonrpc":"2.0","method":"{m}"}}"#);
+        for m in [
+            "initialize",
+            "reconnect",
+            "createSession",
+            "dispatchAction",
+            "_axp/renew",
+            "_axp/emit",
+            "_axp/blobPut",
+            "client/registerService",
+            "client/unregisterService",
+        ] {
+            assert!(may_need_change(&request(m)), "{m}");
+        }
+        for m in [
+            "ping",
+            "subscribe",
+            "resourceRead",
+            "listSessions",
+            "_axp/export",
+            "_axp/blobGet",
+            "_axp/nope",
+            "clientService/request",
+            "nope",
+        ] {
+            assert!(!may_need_change(&request(m)), "{m}");
+        }
+        assert!(may_need_change(&notification("dispatchAction")));
+        assert!(!may_need_change(&notification("unsubscribe")));
+        assert!(!may_need_change(
+            r#"{"jsonrpc":"2.0","method":"clientService/notify","params":{"channel":"x","serviceId":"s","method":"m","params":1}}"#
+        ));
+        assert!(!may_need_change(
+            r#"{"jsonrpc":"2.0","id":7,"result":null}"#
+        ));
+        assert!(!may_need_change("not json"));
     }
 }

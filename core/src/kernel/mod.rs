@@ -8,6 +8,7 @@
 //! log at once). Components are called as `component.handle(&mut kernel, ...)`, the way
 //! quinn-proto lends `Streams` to its connection: methods live with the state they change.
 
+pub(crate) mod input_hold;
 pub(crate) mod time;
 
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::RpcError;
+use crate::kernel::input_hold::{HeldMessage, InputHold};
 use crate::kernel::time::{Instant, Now, Timer, Timers};
 use crate::limits::Limits;
 use crate::log::change::{Event, Loaded, Receipt};
@@ -91,7 +93,15 @@ pub struct Stats {
     /// Idle clientId bindings released to keep a principal within
     /// `Limits::idle_client_ids_per_principal`.
     pub client_ids_released: u64,
+    /// Messages held while the write path was full (backpressure), handled once it had room.
+    pub messages_held: u64,
+    /// Messages that arrived while the hold was full: refused with `-32043`, or their
+    /// connection closed (1008) when it had messages held before them.
+    pub messages_past_hold: u64,
 }
+
+/// Time between two warnings about messages past the hold (the first is logged at once).
+const PAST_HOLD_LOG_MS: u64 = 1_000;
 
 /// The shared machinery. See the module docs.
 pub(crate) struct Kernel<S: Store> {
@@ -108,6 +118,11 @@ pub(crate) struct Kernel<S: Store> {
     receipts: RecentReceipts,
     frame_pool: FramePool,
     stats: Stats,
+    /// Messages waiting for room on the write path (see `input_hold`).
+    hold: InputHold,
+    /// When a message past the hold was last logged, and how many since went unlogged.
+    past_hold_logged: Option<Instant>,
+    past_hold_unlogged: u64,
 }
 
 impl<S: Store> Kernel<S> {
@@ -137,6 +152,9 @@ impl<S: Store> Kernel<S> {
             receipts: RecentReceipts::default(),
             frame_pool: FramePool::default(),
             stats: Stats::default(),
+            hold: InputHold::default(),
+            past_hold_logged: None,
+            past_hold_unlogged: 0,
         }
     }
 
@@ -453,13 +471,123 @@ impl<S: Store> Kernel<S> {
         self.path.in_flight()
     }
 
-    /// Refuses a durable change while the writer is too far behind.
+    /// Whether another change may be issued (`Limits::in_flight_changes_max`).
+    pub(crate) fn has_room(&self) -> bool {
+        self.path
+            .has_room(self.config.limits.in_flight_changes_max as usize)
+    }
+
+    /// Refuses a durable change while the writer is too far behind. Messages that may need a
+    /// change wait in the hold while the path is full, so only a message past the hold (and
+    /// nothing a timer does: timers retry) is refused here, with `-32043`.
     pub(crate) fn room(&self) -> Result<(), RpcError> {
-        if self.path.has_room() {
+        if self.has_room() {
             Ok(())
         } else {
-            Err(RpcError::commit_failed())
+            Err(RpcError::busy())
         }
+    }
+
+    // ---- the input hold (backpressure) ----
+
+    /// Whether the host takes new input: the write path has room and nothing is held. A
+    /// driver stops reading while it is false.
+    pub(crate) fn accepting_input(&self) -> bool {
+        self.hold.is_empty() && self.has_room()
+    }
+
+    pub(crate) fn held_messages(&self) -> usize {
+        self.hold.len()
+    }
+
+    pub(crate) fn held_message_bytes(&self) -> u64 {
+        self.hold.bytes()
+    }
+
+    /// Holds a message of `conn` (open, not closing) until the write path has room; false
+    /// when the hold is full.
+    pub(crate) fn hold_message(
+        &mut self,
+        conn: ConnId,
+        text: &str,
+        first: bool,
+        needs_room: bool,
+    ) -> bool {
+        let limits = &self.config.limits;
+        if !self.hold.fits(
+            text.len(),
+            limits.held_messages_max,
+            limits.held_message_bytes_max,
+        ) {
+            return false;
+        }
+        let Some(c) = self.conns.live_mut(conn) else {
+            return false;
+        };
+        c.messages_held += 1;
+        self.hold.push(HeldMessage {
+            conn,
+            text: text.into(),
+            first,
+            needs_room,
+        });
+        self.stats.messages_held += 1;
+        true
+    }
+
+    /// The oldest held message, if the write path has room for it (or it needs none).
+    pub(crate) fn next_held(&mut self) -> Option<HeldMessage> {
+        if self.hold.is_empty() {
+            return None;
+        }
+        let room = self.has_room();
+        let message = self.hold.pop_ready(room)?;
+        if let Some(c) = self.conns.get_mut(message.conn) {
+            c.messages_held = c.messages_held.saturating_sub(1);
+        }
+        Some(message)
+    }
+
+    /// Forgets what `conn` had held (it closed, or the host is closing it).
+    pub(crate) fn drop_held(&mut self, conn: ConnId) {
+        if self.hold.is_empty() {
+            return;
+        }
+        let dropped = self.hold.drop_conn(conn);
+        if dropped > 0 {
+            tracing::debug!(
+                conn = conn.0,
+                dropped,
+                "held messages dropped: connection closed"
+            );
+        }
+        if let Some(c) = self.conns.get_mut(conn) {
+            c.messages_held = 0;
+        }
+    }
+
+    /// Notes a message of `conn` that found the hold full (`reason` says what became of it):
+    /// counted, and logged at once or, while they keep coming, once a second with a count.
+    pub(crate) fn past_hold(&mut self, conn: ConnId, reason: &'static str) {
+        self.stats.messages_past_hold += 1;
+        let now = self.now.mono;
+        let due = self
+            .past_hold_logged
+            .is_none_or(|at| now.0 >= at.0.saturating_add(PAST_HOLD_LOG_MS));
+        if !due {
+            self.past_hold_unlogged += 1;
+            return;
+        }
+        tracing::warn!(
+            conn = conn.0,
+            reason,
+            held = self.hold.len(),
+            held_bytes = self.hold.bytes(),
+            in_flight = self.path.in_flight(),
+            more_since_last = std::mem::take(&mut self.past_hold_unlogged),
+            "message past the input hold: the write path is full and the hold too"
+        );
+        self.past_hold_logged = Some(now);
     }
 
     /// Issues `txn` (numbered from `server_seq() + 1`, built against the newest state):
@@ -596,11 +724,11 @@ impl<S: Store> Kernel<S> {
         if !self.seq.wants_reservation() {
             return Ok(());
         }
-        if self.room().is_err() {
+        if let Err(busy) = self.room() {
             return if self.seq.ephemeral_reserved() {
                 Ok(())
             } else {
-                Err(RpcError::commit_failed())
+                Err(busy)
             };
         }
         self.commit(Txn::reservation(self.seq.next_reservation()));

@@ -80,6 +80,9 @@ pub(crate) enum Timer {
     Lease(String),
     /// The AXP executor `id` may have outlived its registration (its entry says when).
     Executor(String),
+    /// Held messages may go: a failed commit emptied the write path. Armed for at once, so
+    /// they are handled in the next call, after the caller has seen the rolled-back state.
+    Held,
 }
 
 /// Deadlines, ordered. Arming a timer again replaces its deadline.

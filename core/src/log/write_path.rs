@@ -15,10 +15,6 @@ use std::collections::{BTreeSet, VecDeque};
 use crate::log::change::{Bytes, Change, Event, Receipt, Record, StoreError, Table};
 use crate::log::store::Store;
 
-/// Changes in flight at most. Past it new durable changes are refused (`-32603`) until the
-/// writer catches up, so a stalled disk bounds what memory holds for it.
-pub(crate) const IN_FLIGHT_MAX: usize = 4096;
-
 /// State a change touched, by owner: what is rebuilt from the store if it fails.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Touched {
@@ -117,9 +113,10 @@ impl WritePath {
         self.in_flight.len()
     }
 
-    /// Whether another change may be issued.
-    pub(crate) fn has_room(&self) -> bool {
-        self.in_flight.len() < IN_FLIGHT_MAX
+    /// Whether another change may be issued with at most `max` in flight
+    /// (`Limits::in_flight_changes_max`: a stalled disk bounds what memory holds for it).
+    pub(crate) fn has_room(&self, max: usize) -> bool {
+        self.in_flight.len() < max
     }
 
     /// Numbers `txn`, remembers it in flight and returns the change to hand out.

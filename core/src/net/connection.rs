@@ -106,6 +106,9 @@ pub(crate) struct Connection {
     pub(crate) held_bytes: u64,
     /// Whether any message arrived yet (`reconnect` must be the first).
     pub(crate) seen_message: bool,
+    /// Messages of this connection in the kernel's input hold: while any is, every later
+    /// message waits behind it.
+    pub(crate) messages_held: u32,
     /// The host decided to close it; its inputs are ignored and it receives nothing new. Its
     /// `Output::Close` may still wait behind held frames.
     pub(crate) closing: bool,
@@ -178,6 +181,7 @@ impl Connections {
                 queued_bytes: 0,
                 held_bytes: 0,
                 seen_message: false,
+                messages_held: 0,
                 closing: false,
                 held: VecDeque::new(),
             },

@@ -1665,3 +1665,106 @@ fn every_axp_action_type_reduces_seed_plus_actions_to_the_same_state() {
         assert_eq!(folded, replayed);
     }
 }
+
+/// `Ax` with at most one change in flight, docked (lease of 30 s on `e1`, registered with a
+/// TTL of 3 s), whose disk then holds every change until told.
+fn docked_on_a_narrow_path() -> (Ax, u64) {
+    let mut ax = Ax::limits(Limits {
+        in_flight_changes_max: 1,
+        ..Limits::default()
+    });
+    ax.ok(
+        C,
+        "_axp/register",
+        json!({"channel": X, "executorId": "e1", "name": "n", "placement": "satellite", "capabilities": [], "ttlMs": 3000}),
+    );
+    let epoch = ax.dock();
+    ax.h.hold_commits = true;
+    (ax, epoch)
+}
+
+/// A request from `conn` handed to the host; what it answered at once.
+fn feed_request(ax: &mut Ax, conn: u64, id: u64, method: &str, params: Value) -> Vec<(u64, Value)> {
+    ax.h.send(
+        conn,
+        &json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}),
+    )
+}
+
+#[test]
+fn a_renew_held_by_a_full_write_path_keeps_its_lease_alive() {
+    let (mut ax, epoch) = docked_on_a_narrow_path();
+    ax.advance(15_000);
+    // (The executor's registration ran out meanwhile: its going offline is made durable.)
+    ax.h.complete(usize::MAX);
+    // The maintainer's comment fills the path; the executor's heartbeat arrives behind it.
+    let comment = json!({"channel": X, "body": "hold on", "checkpoint": null, "path": null, "operationId": "k1"});
+    assert!(feed_request(&mut ax, M, 900, "_axp/comment", comment).is_empty());
+    assert!(!ax.h.host.accepting_input());
+    let renew = json!({"channel": X, "epoch": epoch, "operationId": "r1"});
+    assert!(feed_request(&mut ax, C, 901, "_axp/renew", renew).is_empty());
+    assert_eq!(ax.h.host.held_messages().0, 1, "held, not refused");
+    // The disk takes 10 s; the lease had 15 s left.
+    ax.advance(10_000);
+    let mut out = ax.h.complete(1);
+    assert_eq!(ax.h.host.held_messages().0, 0, "the renew was issued");
+    out.extend(ax.h.complete(1));
+    let answer = out
+        .iter()
+        .find(|(c, v)| *c == C && v["id"] == 901)
+        .map(|(_, v)| v.clone())
+        .expect("the renew is answered");
+    assert!(answer.get("error").is_none(), "{answer}");
+    let expires = answer["result"]["expiresAt"].as_u64().expect("expiresAt");
+    assert!(
+        expires >= ax.h.now + 29_000,
+        "renewed from when it was handled"
+    );
+    // Past the old deadline the lease is still the executor's.
+    ax.advance(10_000);
+    assert_eq!(ax.exchange()["status"], "open");
+    assert_eq!(ax.exchange()["lease"]["epoch"], epoch);
+    assert!(error_codes_in(&out).is_empty(), "{out:?}");
+}
+
+#[test]
+fn lease_expiry_and_executor_ttl_wait_for_room_and_then_happen() {
+    let (mut ax, epoch) = docked_on_a_narrow_path();
+    ax.ok(O, "subscribe", json!({"channel": X}));
+    let comment = json!({"channel": X, "body": "hold on", "checkpoint": null, "path": null, "operationId": "k1"});
+    let out = feed_request(&mut ax, M, 900, "_axp/comment", comment);
+    assert!(out.is_empty(), "{out:?}");
+    // Both deadlines pass while the path is full: neither change can be issued yet.
+    ax.advance(31_000);
+    assert_eq!(ax.h.host.changes_in_flight(), 1);
+    assert_eq!(ax.exchange()["status"], "open");
+    assert!(
+        ax.h.host.poll_timeout().is_some(),
+        "the timers are armed again"
+    );
+    // Room: the comment is durable; the timers retry and each takes its turn on the path.
+    ax.h.complete(1);
+    let mut events = Vec::new();
+    for _ in 0..10 {
+        events.extend(ax.advance(200));
+        events.extend(ax.h.complete(1));
+    }
+    assert_eq!(ax.exchange()["status"], "orphaned");
+    assert_eq!(
+        ax.h.host.axp_inspect().executors["entries"]["e1"]["online"],
+        false
+    );
+    assert!(events
+        .iter()
+        .any(|(c, v)| *c == O && v["params"]["action"]["type"] == "_axp/leaseChanged"));
+    assert_eq!(
+        ax.code(C, "_axp/renew", json!({"channel": X, "epoch": epoch})),
+        -32040
+    );
+}
+
+fn error_codes_in(out: &[(u64, Value)]) -> Vec<i64> {
+    out.iter()
+        .filter_map(|(_, v)| v.pointer("/error/code").and_then(Value::as_i64))
+        .collect()
+}

@@ -237,6 +237,9 @@ raw_limits! {
     blob_storage_bytes_max: u64,
     executors_max: u32,
     grants_per_session_max: u32,
+    in_flight_changes_max: u32,
+    held_messages_max: u32,
+    held_message_bytes_max: u64,
     }
     driver {
         pre_auth_sockets_max: u32,

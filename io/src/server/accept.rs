@@ -90,6 +90,7 @@ impl<S: Store> Driver<S> {
                     phase,
                     writable: false,
                     in_backlog: true,
+                    parked: false,
                     in_dirty: false,
                     sent_turn: 0,
                 },

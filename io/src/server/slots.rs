@@ -61,8 +61,11 @@ pub(super) struct Slot {
     pub(super) phase: Phase,
     /// Whether the socket is registered for WRITABLE too (only while bytes are stuck).
     pub(super) writable: bool,
-    /// Listed in `Driver::backlog` (to read this turn) / `Driver::dirty` (to write).
+    /// Listed in `Driver::backlog` (to read this turn), or parked: read-pending either way /
+    /// listed in `Driver::dirty` (to write).
     pub(super) in_backlog: bool,
+    /// Parked while the core takes no input, with input waiting (`input_gate`).
+    pub(super) parked: bool,
     pub(super) in_dirty: bool,
     /// The last turn in which the core sent this connection a frame (`TurnLoad::destinations`).
     pub(super) sent_turn: u64,
@@ -110,6 +113,8 @@ impl<S: Store> Driver<S> {
         let Some(interval) = self.keepalive_ms else {
             return;
         };
+        // Input waits unread while the core takes none: the peer is there.
+        let parked = self.parked_open(id);
         let Some(slot) = self.slots.get_mut(&id) else {
             return;
         };
@@ -122,6 +127,9 @@ impl<S: Store> Driver<S> {
         else {
             return;
         };
+        if parked {
+            *heard_ms = now.mono.0;
+        }
         let silent = now.mono.0.saturating_sub(*heard_ms);
         let next = if silent >= interval.saturating_mul(2) {
             *probe_ms = None;
@@ -177,6 +185,8 @@ impl<S: Store> Driver<S> {
             }
         }
         self.mark_dirty(id);
+        // A closing socket is read (what it still sends is discarded) whatever the input gate.
+        self.unpark(id);
         self.mark_readable(id);
     }
 

@@ -65,6 +65,12 @@ impl<S: Store> Driver<S> {
         let mut stop = Stop::Budget;
         let mut steps = 0;
         for _ in 0..MESSAGES_PER_READ_MAX {
+            if !self.input_open() {
+                // Backpressure: the rest stays in the socket (and the reader's buffer) until
+                // the writer catches up (`input_gate`).
+                stop = Stop::Paused;
+                break;
+            }
             let Some(slot) = self.slots.get_mut(&id) else {
                 return steps;
             };
@@ -125,6 +131,7 @@ impl<S: Store> Driver<S> {
         }
         match stop {
             Stop::Drained => {}
+            Stop::Paused => self.park(id, steps > 0),
             Stop::Budget => {
                 // Edge-triggered: no new event will say the rest is there. Read it in the next
                 // round or turn.
@@ -323,6 +330,8 @@ enum Stop {
     Drained,
     /// The round's step budget ran out; more may wait.
     Budget,
+    /// The core takes no input for now (the write path is full); more may wait.
+    Paused,
     /// We close it with this code and reason.
     Close(u16, &'static str),
     /// The peer sent a close frame with this code (1005: none), or only its EOF (1006).

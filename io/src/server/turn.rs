@@ -137,6 +137,7 @@ impl<S: Store> Driver<S> {
             self.coalesce.queue_observed(deepest);
         }
         self.filled_share.clear();
+        self.reopen_input();
         self.load = TurnLoad {
             coalescing: self.coalesce.on(),
             ..TurnLoad::default()
@@ -174,6 +175,9 @@ impl<S: Store> Driver<S> {
             self.on_deadline(id);
         }
         self.deliver_outcomes(now);
+        // What the writer made durable may let input in again: parked connections go back on
+        // the backlog, which makes the next wait a poll.
+        self.reopen_input();
         for _ in 0..FLUSH_PASSES_MAX {
             self.drain_outputs(now);
             if self.dirty.is_empty() {
