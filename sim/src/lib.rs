@@ -62,6 +62,7 @@
 pub mod axp;
 pub mod checker;
 pub mod client;
+pub mod due;
 pub mod durability;
 pub mod net;
 pub mod options;
@@ -100,18 +101,22 @@ pub fn run_world(mut world: World) -> Result<Report, Violation> {
         Ok(world.report())
     }));
     outcome.unwrap_or_else(|payload| {
-        let what = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "unknown panic".into());
         Err(Violation {
             seed: world.options.seed,
             step: world.steps,
             at_ms: world.now_ms(),
-            message: format!("panic: {what}"),
+            message: format!("panic: {}", panic_message(payload.as_ref())),
         })
     })
+}
+
+/// The message a caught panic carried.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// Parses a seed range: `A..B` (end exclusive), `A..=B`, or a single `N`.

@@ -25,6 +25,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::checker::{Checker, Digest, Durable, Violation};
 use crate::client::SimClient;
+use crate::due::Due;
 use crate::net::{Direction, SimNet, ToClient, ToHost};
 use crate::options::{Options, Ratio, WallDrift};
 use crate::roles::Gossip;
@@ -91,15 +92,6 @@ enum Event {
         generation: u64,
         frame: String,
     },
-}
-
-/// What runs next.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Due {
-    HostTimer,
-    Writer,
-    Net(ConnId, Direction),
-    Agenda(u64, u64),
 }
 
 /// Counters for the report.
@@ -372,25 +364,7 @@ impl World {
     // ─── Stepping ───────────────────────────────────────────────────────────────────────────
 
     fn next_due(&self) -> Option<(u64, Due)> {
-        let mut best: Option<(u64, Due)> = None;
-        let mut offer = |at: u64, due: Due| {
-            if best.is_none_or(|b| (at, due) < b) {
-                best = Some((at, due));
-            }
-        };
-        if let Some(deadline) = self.host.as_ref().and_then(|h| h.poll_timeout()) {
-            offer(deadline.0, Due::HostTimer);
-        }
-        if let Some(at) = self.writer.next_due() {
-            offer(at, Due::Writer);
-        }
-        if let Some((at, conn, dir)) = self.net.earliest() {
-            offer(at, Due::Net(conn, dir));
-        }
-        if let Some((&(at, n), _)) = self.agenda.first_key_value() {
-            offer(at, Due::Agenda(at, n));
-        }
-        best
+        crate::due::next_due(self.host.as_ref(), &self.writer, &self.net, &self.agenda)
     }
 
     /// Runs the earliest event, drains the host and checks every invariant. False when

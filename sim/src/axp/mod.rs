@@ -44,16 +44,11 @@ pub fn run_world(mut world: AxpWorld) -> Result<AxpReport, Violation> {
         Ok(world.report_now())
     }));
     outcome.unwrap_or_else(|payload| {
-        let what = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "unknown panic".into());
         Err(Violation {
             seed: world.options.seed,
             step: world.steps,
             at_ms: 0,
-            message: format!("axp: panic: {what}"),
+            message: format!("axp: panic: {}", crate::panic_message(payload.as_ref())),
         })
     })
 }

@@ -22,6 +22,7 @@ use crate::axp::actors::{Actor, Board, Kind, Temper};
 use crate::axp::oracle::{AxpOracle, OracleStats};
 use crate::axp::replica::EXECUTORS;
 use crate::checker::{Digest, Violation};
+use crate::due::Due;
 use crate::durability::DurabilityOracle;
 use crate::net::{Direction, SimNet, ToClient, ToHost};
 use crate::options::Ratio;
@@ -168,14 +169,6 @@ enum Event {
     Turn(usize),
     Connect(usize),
     Restart,
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Due {
-    HostTimer,
-    Writer,
-    Net(ConnId, Direction),
-    Agenda(u64, u64),
 }
 
 /// One run's outcome.
@@ -443,25 +436,7 @@ impl AxpWorld {
     // ─── Stepping ───────────────────────────────────────────────────────────────────────────
 
     fn next_due(&self) -> Option<(u64, Due)> {
-        let mut best: Option<(u64, Due)> = None;
-        let mut offer = |at: u64, due: Due| {
-            if best.is_none_or(|b| (at, due) < b) {
-                best = Some((at, due));
-            }
-        };
-        if let Some(deadline) = self.host.as_ref().and_then(|h| h.poll_timeout()) {
-            offer(deadline.0, Due::HostTimer);
-        }
-        if let Some(at) = self.writer.next_due() {
-            offer(at, Due::Writer);
-        }
-        if let Some((at, conn, dir)) = self.net.earliest() {
-            offer(at, Due::Net(conn, dir));
-        }
-        if let Some((&(at, n), _)) = self.agenda.first_key_value() {
-            offer(at, Due::Agenda(at, n));
-        }
-        best
+        crate::due::next_due(self.host.as_ref(), &self.writer, &self.net, &self.agenda)
     }
 
     /// Runs the earliest event. False when nothing is left to run.
