@@ -8,7 +8,8 @@
 //!
 //! - [`world`]: the event loop, faults (cut connections, slow and failed group commits, clean
 //!   and killed restarts) and the two phases.
-//! - [`actors`]: the roles (executor, maintainer, observer).
+//! - [`actors`]: the roles, one file each (`executor.rs`, `maintainer.rs`, `observer.rs`) around
+//!   the shared connection and frame handling in `actors/mod.rs`.
 //! - [`oracle`]: fencing, one winner per epoch, money, exactly-once, roles, shape.
 //! - [`replica`]: the observers' reducer, written from the specification.
 //!

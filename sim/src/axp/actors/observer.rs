@@ -1,0 +1,45 @@
+//! The observer role: mirrors every exchange and tries what its role forbids.
+
+use serde_json::json;
+
+use super::{Actor, Board};
+
+impl Actor {
+    // ─── Observer ─────────────────────────────────────────────────────────────────────────
+
+    pub(super) fn observer(&mut self, board: &Board) {
+        if !self.pending.is_empty() {
+            return;
+        }
+        let unmirrored: Vec<String> = board
+            .sessions
+            .iter()
+            .map(|s| format!("axp-session:/{s}"))
+            .filter(|c| !self.mirrors.contains_key(c))
+            .collect();
+        if let Some(channel) = unmirrored.first().cloned() {
+            return self.send("subscribe", json!({"channel": channel}));
+        }
+        if self.winding_down {
+            return;
+        }
+        let session = self.pool.first().cloned().unwrap_or_default();
+        match self.below(12) {
+            0 => {
+                let p = json!({"channel": format!("axp-session:/{session}"), "body": "hi",
+                               "checkpoint": null, "path": null});
+                self.mutate("_axp/comment", p);
+            }
+            1 => {
+                let p = json!({"channel": format!("axp-session:/{session}"),
+                    "executorId": "spy", "grantId": "g-spy", "leaseMs": 3_000});
+                self.mutate("_axp/claim", p);
+            }
+            2 => {
+                let p = json!({"channel": format!("axp-session:/{session}")});
+                self.send("_axp/export", p);
+            }
+            _ => {}
+        }
+    }
+}
