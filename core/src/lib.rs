@@ -100,8 +100,8 @@ pub use log::change::{
 };
 pub use log::store::{Commit, MemStore, Store};
 pub use net::connection::ConnId;
+pub use net::jsonrpc;
 pub use net::output::{CloseCode, Frame, Output};
-pub use net::wire;
 pub use principal::{session_id_from_scope_entry, Principal, Role, SessionScope};
 pub use services::relay::{CANCELLED, SERVICE_GONE, TIMEOUT};
 pub use services::{CAPABILITY as CLIENT_SERVICES_CAPABILITY, METHODS as CLIENT_SERVICES_METHODS};

@@ -1,4 +1,4 @@
-//! Bytes → `axhost_core::wire::parse`. See `src/envelope.rs`.
+//! Bytes → `axhost_core::jsonrpc::parse`. See `src/envelope.rs`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

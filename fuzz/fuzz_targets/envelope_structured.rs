@@ -1,4 +1,4 @@
-//! Generated messages with a known meaning → `wire::parse`. See `src/structured.rs`.
+//! Generated messages with a known meaning → `jsonrpc::parse`. See `src/structured.rs`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,9 +1,9 @@
-//! Target `envelope`: any bytes straight into `axhost_core::wire::parse`.
+//! Target `envelope`: any bytes straight into `axhost_core::jsonrpc::parse`.
 //!
 //! Shared by the `envelope` fuzz target and `tests/fuzz_corpus.rs`. Checks:
 //! - no panic, whatever the bytes;
 //! - every `Err` is answered with `-32700` (`NotJson`) or `-32600` (`NotJsonRpc`) through
-//!   `Malformed::to_error`, and the answer built with `wire::error_frame` is JSON that parses
+//!   `Malformed::to_error`, and the answer built with `jsonrpc::error_frame` is JSON that parses
 //!   back as an error response with `id: null` and that code;
 //! - `NotJson` only for bytes `serde_json` cannot read as a JSON value, `NotJsonRpc` only for
 //!   bytes that are JSON by the grammar (JSON-RPC's -32700 is for text that is not JSON);
@@ -18,7 +18,7 @@
 //!   `clientService/notify` notification, with the same channel, service, method and payload.
 
 use axhost_core::error::{RpcError, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
-use axhost_core::wire::{self, Malformed, Message};
+use axhost_core::jsonrpc::{self, Malformed, Message};
 use serde::de::IgnoredAny;
 use serde_json::Value;
 
@@ -33,7 +33,7 @@ pub fn is_strict_json(bytes: &[u8]) -> bool {
     serde_json::from_slice::<Value>(bytes).is_ok()
 }
 
-/// What `wire::parse` made of a frame, owned, for comparisons.
+/// What `jsonrpc::parse` made of a frame, owned, for comparisons.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Parsed {
     /// A request: raw id, decoded method, raw params.
@@ -67,12 +67,12 @@ pub enum Parsed {
 
 /// Parses and owns the answer.
 pub fn classify(bytes: &[u8]) -> Parsed {
-    owned(wire::parse(bytes))
+    owned(jsonrpc::parse(bytes))
 }
 
-/// [`classify`] through `wire::parse_text`, the reader the host uses.
+/// [`classify`] through `jsonrpc::parse_text`, the reader the host uses.
 pub fn classify_text(text: &str) -> Parsed {
-    owned(wire::parse_text(text))
+    owned(jsonrpc::parse_text(text))
 }
 
 fn owned(parsed: Result<Message<'_>, Malformed>) -> Parsed {
@@ -108,7 +108,7 @@ pub fn check(data: &[u8]) {
         );
         check_compact_notify(text);
     }
-    match wire::parse(data) {
+    match jsonrpc::parse(data) {
         Err(malformed) => check_malformed(data, &malformed),
         Ok(message) => {
             assert!(is_json(data), "parse accepted bytes that are not JSON");
@@ -142,7 +142,7 @@ fn check_malformed(data: &[u8], malformed: &Malformed) {
 /// `error_frame(id, error)` is strict JSON (the id is), parses back as an error response with
 /// this id, code and message.
 fn check_error_frame(id: &str, error: &RpcError) {
-    let frame = wire::error_frame(id, error);
+    let frame = jsonrpc::error_frame(id, error);
     assert!(is_json(frame.as_bytes()), "error frame is not JSON");
     if is_strict_json(id.as_bytes()) {
         let v: Value = serde_json::from_slice(frame.as_bytes()).expect("strict error frame");
@@ -150,7 +150,7 @@ fn check_error_frame(id: &str, error: &RpcError) {
         assert_eq!(v["error"]["code"], error.code);
         assert_eq!(v["error"]["message"], error.message.as_ref());
     }
-    match wire::parse(frame.as_bytes()) {
+    match jsonrpc::parse(frame.as_bytes()) {
         Ok(Message::Response {
             id: back,
             outcome: Err(_),
@@ -172,7 +172,7 @@ fn check_message(data: &[u8], message: &Message<'_>) {
                 is_strict_json(id.as_bytes()),
                 "request id {id:?} is not strict JSON"
             );
-            match wire::parse(wire::result_frame(id, "null").as_bytes()) {
+            match jsonrpc::parse(jsonrpc::result_frame(id, "null").as_bytes()) {
                 Ok(Message::Response {
                     id: back,
                     outcome: Ok(result),
@@ -205,8 +205,8 @@ fn check_method(data: &[u8], method: &str, params: Option<&str>) {
         check_raw(data, p);
         assert_ne!(p, "null", "params: null must read as absent");
     }
-    let frame = wire::notification_frame(method, params.unwrap_or("{}"));
-    match wire::parse(frame.as_bytes()) {
+    let frame = jsonrpc::notification_frame(method, params.unwrap_or("{}"));
+    match jsonrpc::parse(frame.as_bytes()) {
         Ok(Message::Notification {
             method: back,
             params: p,
@@ -235,15 +235,15 @@ fn check_raw(data: &[u8], raw: &str) {
 
 /// What the one-pass notify reader accepts, the general path reads the same way.
 fn check_compact_notify(text: &str) {
-    let Some(fast) = wire::parse_compact_notify(text) else {
+    let Some(fast) = jsonrpc::parse_compact_notify(text) else {
         return;
     };
-    let params = match wire::parse_text(text) {
+    let params = match jsonrpc::parse_text(text) {
         Ok(Message::Notification { method, params }) if method == "clientService/notify" => params,
         other => panic!("the fast path took a notify the general path reads as {other:?}"),
     };
     let params = params.expect("the general path lost the params");
-    let slow: wire::NotifyParams<'_> =
+    let slow: jsonrpc::NotifyParams<'_> =
         serde_json::from_str(params.get()).expect("the general path refuses the params");
     assert_eq!(fast.channel, slow.channel);
     assert_eq!(fast.service_id, slow.service_id);

@@ -1,5 +1,5 @@
 //! Target `envelope_structured`: messages generated with a known meaning, serialized here, then
-//! parsed by `axhost_core::wire::parse`; the answer must be the meaning.
+//! parsed by `axhost_core::jsonrpc::parse`; the answer must be the meaning.
 //!
 //! The generator picks the members of one JSON object (the six JSON-RPC keys, each possibly
 //! duplicated, escaped, `null` or of the wrong type, plus unknown keys), their values (strings
@@ -7,7 +7,7 @@
 //! deep nesting, bad tokens), their order, and the whitespace between every token; then wraps
 //! the object (leading/trailing whitespace, trailing garbage, truncation, a batch, a scalar).
 //!
-//! The model of what `wire::parse` must answer, in the order serde reads the members:
+//! The model of what `jsonrpc::parse` must answer, in the order serde reads the members:
 //! - a known key seen twice is `-32600` when its second occurrence is read;
 //! - `jsonrpc` and `method` must be strings or `null` (`null` reads as absent), else `-32600`;
 //!   a lone surrogate escape in them is `-32700` (not representable as a Rust string);
@@ -428,7 +428,7 @@ enum Wrap {
     Empty,
 }
 
-/// A generated frame and the answer `wire::parse` must give.
+/// A generated frame and the answer `jsonrpc::parse` must give.
 #[derive(Debug)]
 pub struct Case {
     /// The frame.
@@ -519,7 +519,7 @@ fn read_members(members: &[Member]) -> Read {
     }
 }
 
-/// What `wire::parse` must answer for the untruncated object.
+/// What `jsonrpc::parse` must answer for the untruncated object.
 fn model(members: &[Member]) -> (Parsed, bool) {
     let (jsonrpc, id, method, params, result, error) = match read_members(members) {
         Read::Stopped(p) => return (p, true),
@@ -720,7 +720,7 @@ pub fn check(data: &[u8]) {
     let got = envelope::classify(&case.bytes);
     assert!(
         case.expect.contains(&got),
-        "wire::parse answered {got:?}, the model expected {:?} for {:?}",
+        "jsonrpc::parse answered {got:?}, the model expected {:?} for {:?}",
         case.expect,
         String::from_utf8_lossy(&case.bytes)
     );

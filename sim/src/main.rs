@@ -78,7 +78,7 @@ fn print_line(r: &Report) {
     println!(
         "seed={} hash={} steps={} sim_ms={} outputs={} server_seq={} comparisons={} restarts={} host_closes={} \
          disconnects={} reconnects(replay/snapshot/refused)={}/{}/{} rejections={} accepted={} store_faults={} \
-         clock_regressions={} frame_bytes_max={} handshake_slow_closes={} client_ids_released={} \
+         frame_bytes_max={} handshake_slow_closes={} client_ids_released={} \
          chat_limit_rejections={}",
         r.seed,
         r.digest,
@@ -96,7 +96,6 @@ fn print_line(r: &Report) {
         r.echoes.0,
         r.echoes.1,
         r.store_faults,
-        r.clock_regressions,
         r.counters.frame_bytes_max,
         r.counters.handshake_slow_closes,
         r.counters.client_ids_released,

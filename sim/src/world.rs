@@ -145,8 +145,6 @@ pub struct Report {
     pub chat_limit_rejections: u64,
     /// Store calls refused on purpose.
     pub store_faults: u64,
-    /// Turn start times older than one an earlier host process handed out.
-    pub clock_regressions: u64,
     /// What the simulated writer did.
     pub commits: WriterStats,
     /// What the durability oracles checked.
@@ -1154,7 +1152,6 @@ impl World {
             ),
             echoes: (sum(|c| c.stats.rejections), sum(|c| c.stats.accepted)),
             store_faults,
-            clock_regressions: self.checker.clock_regressions,
             commits: self.writer.stats.clone(),
             durability: self.checker.durability.stats.clone(),
             chat_limit_rejections: sum(|c| c.stats.chat_limit_rejections),

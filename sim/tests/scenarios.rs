@@ -495,12 +495,9 @@ fn start_times_never_go_back_across_a_restart() {
     let r = w.restart();
     ok(&w, r);
     connect(&mut w, 0);
+    // The checker's invariant 6 fails the step (and `quiet` panics) if t2's startedAt is older
+    // than t1's.
     dispatch(&mut w, 0, CHAT, turn_started("t2"));
-    assert_eq!(
-        w.report().clock_regressions,
-        0,
-        "a turn started before one started earlier"
-    );
 }
 
 // ─── Client services ────────────────────────────────────────────────────────────────────────

@@ -15,7 +15,7 @@ use crate::kernel::Kernel;
 use crate::log::store::Store;
 use crate::log::write_path::{Touched, Txn};
 use crate::net::connection::ConnId;
-use crate::net::wire;
+use crate::net::jsonrpc;
 use crate::principal::Role;
 
 /// Largest page `listSessions` returns.
@@ -142,10 +142,10 @@ impl Sessions {
             summary,
         };
         if let Ok(params) = serde_json::to_string(&added) {
-            let frame = wire::notification_frame("root/sessionAdded", &params);
+            let frame = jsonrpc::notification_frame("root/sessionAdded", &params);
             Sessions::notify_root(k, &session, &frame, number);
         }
-        k.reply_change(conn, id, wire::result_frame(id, "null"), number);
+        k.reply_change(conn, id, jsonrpc::result_frame(id, "null"), number);
         Ok(())
     }
 

@@ -24,7 +24,7 @@ use crate::log::receipts::fingerprint;
 use crate::log::store::Store;
 use crate::log::write_path::{Touched, Txn};
 use crate::net::connection::{ConnId, OnFail, Rejection};
-use crate::net::wire;
+use crate::net::jsonrpc;
 use crate::principal::Role;
 
 #[derive(Deserialize)]
@@ -112,11 +112,11 @@ impl Sessions {
         };
         match (result, id) {
             (Ok(Dispatched::Applied(n)), Some(id)) => {
-                k.reply_change(conn, id, wire::result_frame(id, "null"), n)
+                k.reply_change(conn, id, jsonrpc::result_frame(id, "null"), n)
             }
             (Ok(Dispatched::Retry(n, result)), Some(id)) => k.reply_after(
                 conn,
-                wire::result_frame(id, &result),
+                jsonrpc::result_frame(id, &result),
                 n,
                 OnFail::Error(id.into()),
             ),
@@ -138,7 +138,7 @@ impl Sessions {
                 k.stats_mut().notifications_dropped += 1;
             }
             (Err(e), None) => {
-                let frame = wire::rejection_frame(
+                let frame = jsonrpc::rejection_frame(
                     &p.channel,
                     echoable(p.action),
                     &client_id,
@@ -178,7 +178,7 @@ impl Sessions {
         };
         // The action was read raw, with no depth limit. What is committed must stay readable
         // when wrapped in envelopes, checkpoints and snapshots (see `ACTION_DEPTH_MAX`).
-        if wire::json_depth(p.action.get()) > ACTION_DEPTH_MAX {
+        if jsonrpc::json_depth(p.action.get()) > ACTION_DEPTH_MAX {
             return Err(RpcError::invalid_params(format!(
                 "Invalid AHP action: nests too deeply (at most {ACTION_DEPTH_MAX} levels)"
             )));
@@ -244,7 +244,7 @@ impl Sessions {
 /// The action as the echo may carry it: an action too deep to store is echoed as `null`
 /// (echoed as sent it could make the frame deeper than JSON readers accept).
 fn echoable(action: &RawValue) -> &str {
-    if wire::json_depth(action.get()) <= ACTION_DEPTH_MAX {
+    if jsonrpc::json_depth(action.get()) <= ACTION_DEPTH_MAX {
         action.get()
     } else {
         "null"

@@ -533,12 +533,12 @@ impl SessionEntry {
     }
 
     /// The state JSON of one of this entry's channels.
-    pub(crate) fn state_json(&self, which: Which) -> Value {
+    pub(crate) fn state_json(&self, which: SessionChannel) -> Value {
         let v = match which {
-            Which::Session => serde_json::to_value(&self.session),
-            Which::Chat => serde_json::to_value(&self.chat),
-            Which::Changeset => serde_json::to_value(&self.changeset),
-            Which::Exchange => serde_json::to_value(&self.exchange),
+            SessionChannel::Session => serde_json::to_value(&self.session),
+            SessionChannel::Chat => serde_json::to_value(&self.chat),
+            SessionChannel::Changeset => serde_json::to_value(&self.changeset),
+            SessionChannel::Exchange => serde_json::to_value(&self.exchange),
         };
         v.unwrap_or(Value::Null)
     }
@@ -546,7 +546,7 @@ impl SessionEntry {
 
 /// One of a session's channels.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Which {
+pub(crate) enum SessionChannel {
     Session,
     Chat,
     Changeset,

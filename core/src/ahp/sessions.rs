@@ -6,14 +6,14 @@ use std::collections::BTreeMap;
 use ahp_types::notifications::{PartialSessionSummary, SessionSummaryChangedParams};
 use serde_json::Value;
 
-use crate::ahp::session::{self, RestoreError, SessionEntry, Which};
+use crate::ahp::session::{self, RestoreError, SessionChannel, SessionEntry};
 use crate::channel::{session_uri, ChannelRef, ROOT};
 use crate::kernel::Kernel;
 use crate::limits::Limits;
 use crate::log::change::{StoredRecord, Table};
 use crate::log::store::Store;
+use crate::net::jsonrpc;
 use crate::net::output::Frame;
-use crate::net::wire;
 
 /// Title, summary status and `modifiedAt` of a session before a change, for root
 /// notifications.
@@ -120,12 +120,22 @@ impl Sessions {
     pub(crate) fn channel_state(&self, uri: &str) -> Option<Value> {
         match ChannelRef::parse(uri) {
             ChannelRef::Root => Some(self.root_state.clone()),
-            ChannelRef::Session(id) => self.entries.get(id).map(|e| e.state_json(Which::Session)),
-            ChannelRef::Chat(id) => self.entries.get(id).map(|e| e.state_json(Which::Chat)),
-            ChannelRef::Changeset(id) => {
-                self.entries.get(id).map(|e| e.state_json(Which::Changeset))
-            }
-            ChannelRef::Exchange(id) => self.entries.get(id).map(|e| e.state_json(Which::Exchange)),
+            ChannelRef::Session(id) => self
+                .entries
+                .get(id)
+                .map(|e| e.state_json(SessionChannel::Session)),
+            ChannelRef::Chat(id) => self
+                .entries
+                .get(id)
+                .map(|e| e.state_json(SessionChannel::Chat)),
+            ChannelRef::Changeset(id) => self
+                .entries
+                .get(id)
+                .map(|e| e.state_json(SessionChannel::Changeset)),
+            ChannelRef::Exchange(id) => self
+                .entries
+                .get(id)
+                .map(|e| e.state_json(SessionChannel::Exchange)),
             ChannelRef::Catalog | ChannelRef::Executors | ChannelRef::Unknown => None,
         }
     }
@@ -181,7 +191,7 @@ impl Sessions {
         let Ok(params) = serde_json::to_string(&params) else {
             return;
         };
-        let frame = wire::notification_frame("root/sessionSummaryChanged", &params);
+        let frame = jsonrpc::notification_frame("root/sessionSummaryChanged", &params);
         Self::notify_root(k, id, &frame, change);
     }
 

@@ -15,7 +15,7 @@ use ahp_types::actions::{
     ActionEnvelope, ActionOrigin, PartialChatSummary, SessionChatUpdatedAction, StateAction,
 };
 
-use crate::ahp::session::{SessionEntry, Touched, Which};
+use crate::ahp::session::{SessionChannel, SessionEntry, Touched};
 use crate::ahp::sessions::{Sessions, SummaryBefore};
 use crate::axp::reducer::AxpAction;
 use crate::channel::{changeset_uri, chat_uri, session_uri};
@@ -24,7 +24,7 @@ use crate::kernel::Kernel;
 use crate::log::change::Event;
 use crate::log::store::Store;
 use crate::log::write_path::{self, Txn};
-use crate::net::wire;
+use crate::net::jsonrpc;
 
 pub(crate) struct Tx {
     pub(crate) entry: SessionEntry,
@@ -61,15 +61,17 @@ impl Tx {
     /// Reduces `action` into the session and records its envelope.
     pub(crate) fn emit(
         &mut self,
-        which: Which,
+        which: SessionChannel,
         action: StateAction,
         origin: Option<ActionOrigin>,
     ) -> Result<(), RpcError> {
         let outcome = match which {
-            Which::Chat => apply_action_to_chat(&mut self.entry.chat, &action),
-            Which::Session => apply_action_to_session(&mut self.entry.session, &action),
-            Which::Changeset => apply_action_to_changeset(&mut self.entry.changeset, &action),
-            Which::Exchange => {
+            SessionChannel::Chat => apply_action_to_chat(&mut self.entry.chat, &action),
+            SessionChannel::Session => apply_action_to_session(&mut self.entry.session, &action),
+            SessionChannel::Changeset => {
+                apply_action_to_changeset(&mut self.entry.changeset, &action)
+            }
+            SessionChannel::Exchange => {
                 return Err(RpcError::invalid_params(
                     "Invalid AHP action: wrong channel for this action",
                 ))
@@ -78,7 +80,7 @@ impl Tx {
         match outcome {
             ReduceOutcome::Applied | ReduceOutcome::NoOp => {
                 self.mutated = true;
-                if which == Which::Chat {
+                if which == SessionChannel::Chat {
                     self.entry.charge_chat_action(&action);
                 }
             }
@@ -93,20 +95,20 @@ impl Tx {
             }
         }
         let channel = match which {
-            Which::Chat => {
+            SessionChannel::Chat => {
                 self.touched.chat = true;
                 chat_uri(&self.entry.id)
             }
-            Which::Session => {
+            SessionChannel::Session => {
                 self.touched.session = true;
                 session_uri(&self.entry.id)
             }
-            Which::Changeset => {
+            SessionChannel::Changeset => {
                 self.touched.changeset = true;
                 changeset_uri(&self.entry.id)
             }
             // Refused above.
-            Which::Exchange => return Ok(()),
+            SessionChannel::Exchange => return Ok(()),
         };
         let seq = self.base_seq + self.events.len() as u64 + 1;
         let envelope = ActionEnvelope {
@@ -170,7 +172,7 @@ impl Tx {
             },
         };
         self.emit(
-            Which::Session,
+            SessionChannel::Session,
             StateAction::SessionChatUpdated(update),
             None,
         )
@@ -258,7 +260,7 @@ impl Sessions {
             .map(|e| {
                 (
                     e.channel.clone(),
-                    wire::notification_frame("action", &e.envelope),
+                    jsonrpc::notification_frame("action", &e.envelope),
                 )
             })
             .collect();

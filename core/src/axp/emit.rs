@@ -8,7 +8,7 @@ use ahp_types::actions::StateAction;
 use ahp_types::state::{ResponsePart, ToolCallConfirmationReason, ToolCallState};
 use serde_json::Value;
 
-use crate::ahp::session::{response_cost, Which};
+use crate::ahp::session::{response_cost, SessionChannel};
 use crate::ahp::sessions::Sessions;
 use crate::ahp::tx::Tx;
 use crate::axp::lease::fenced;
@@ -51,7 +51,7 @@ pub(crate) fn emit<S: Store>(
         check_output(tx, raw, &action)?;
         check_refs(raw, &prefix, has_blob)?;
         chat_room(k, sessions, tx, response_cost(&action))?;
-        tx.emit(Which::Chat, action, None)?;
+        tx.emit(SessionChannel::Chat, action, None)?;
     }
     sync_chat(tx)?;
     Ok("null".into())

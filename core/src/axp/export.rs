@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use crate::ahp::session::{SessionEntry, Which};
+use crate::ahp::session::{SessionChannel, SessionEntry};
 use crate::ahp::sessions::Sessions;
 use crate::axp::state::ExchangeState;
 use crate::channel::{changeset_uri, chat_uri, exchange_uri, session_uri};
@@ -48,10 +48,10 @@ pub(crate) fn export<S: Store>(
         .ok_or_else(|| RpcError::not_found("Unknown channel"))?;
     let seed = seed_of(entry, sessions.repository());
     let channels = [
-        (exchange_uri(id), Which::Exchange),
-        (session_uri(id), Which::Session),
-        (chat_uri(id), Which::Chat),
-        (changeset_uri(id), Which::Changeset),
+        (exchange_uri(id), SessionChannel::Exchange),
+        (session_uri(id), SessionChannel::Session),
+        (chat_uri(id), SessionChannel::Chat),
+        (changeset_uri(id), SessionChannel::Changeset),
     ];
     let server_seq = k.server_seq();
     let mut events = Vec::new();
@@ -78,7 +78,7 @@ pub(crate) fn export<S: Store>(
         }
     }
     actions.push(']');
-    let snapshot = |e: &SessionEntry, uri: &str, which: Which, from: u64| -> Value {
+    let snapshot = |e: &SessionEntry, uri: &str, which: SessionChannel, from: u64| -> Value {
         json!({ "resource": uri, "state": e.state_json(which), "fromSeq": from })
     };
     let seeds: Vec<Value> = channels

@@ -50,8 +50,8 @@ use crate::log::receipts::fingerprint;
 use crate::log::store::Store;
 use crate::log::write_path::Txn;
 use crate::net::connection::{ConnId, OnFail};
+use crate::net::jsonrpc;
 use crate::net::output::Frame;
-use crate::net::wire;
 use crate::principal::Principal;
 
 /// The `_axp/*` commands this host serves.
@@ -235,13 +235,13 @@ impl Axp {
             }
         });
         match outcome {
-            Ok(Answer::Now(result)) => k.reply_state(conn, id, wire::result_frame(id, &result)),
+            Ok(Answer::Now(result)) => k.reply_state(conn, id, jsonrpc::result_frame(id, &result)),
             Ok(Answer::Change(change, result)) => {
-                k.reply_change(conn, id, wire::result_frame(id, &result), change)
+                k.reply_change(conn, id, jsonrpc::result_frame(id, &result), change)
             }
             Ok(Answer::After(change, result)) => k.reply_after(
                 conn,
-                wire::result_frame(id, &result),
+                jsonrpc::result_frame(id, &result),
                 change,
                 OnFail::Error(id.into()),
             ),
@@ -417,7 +417,7 @@ pub(crate) fn commit_and_broadcast<S: Store>(k: &mut Kernel<S>, txn: Txn) -> u64
         .map(|e| {
             (
                 e.channel.clone(),
-                wire::notification_frame("action", &e.envelope),
+                jsonrpc::notification_frame("action", &e.envelope),
             )
         })
         .collect();

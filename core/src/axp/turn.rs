@@ -16,7 +16,7 @@ use ahp_types::state::{
 };
 use serde_json::{json, Value};
 
-use crate::ahp::session::{turn_cost, Which, HOST_TURN_ID_SHAPE};
+use crate::ahp::session::{turn_cost, SessionChannel, HOST_TURN_ID_SHAPE};
 use crate::ahp::sessions::Sessions;
 use crate::ahp::tx::Tx;
 use crate::axp::budget;
@@ -30,7 +30,7 @@ use crate::kernel::time::iso8601;
 use crate::kernel::Kernel;
 use crate::limits::ACTION_DEPTH_MAX;
 use crate::log::store::Store;
-use crate::net::wire;
+use crate::net::jsonrpc;
 use crate::principal::Principal;
 
 /// Whether `action` is one an executor may originate (`_axp/emit`): response parts, text and
@@ -64,7 +64,7 @@ pub(crate) fn elapsed_ms(started_at: &str, now_ms: u64) -> i64 {
 pub(crate) fn read_action(raw: &str) -> Result<StateAction, RpcError> {
     // The action was read raw, with no depth limit. What is committed must stay readable
     // when wrapped in envelopes, checkpoints and snapshots (see `ACTION_DEPTH_MAX`).
-    if wire::json_depth(raw) > ACTION_DEPTH_MAX {
+    if jsonrpc::json_depth(raw) > ACTION_DEPTH_MAX {
         return Err(RpcError::invalid_params(format!(
             "Invalid AHP action: nests too deeply (at most {ACTION_DEPTH_MAX} levels)"
         )));
@@ -177,7 +177,7 @@ pub(crate) fn finish<S: Store>(
                 } },
             },
         });
-        tx.emit(Which::Chat, typed(action)?, None)?;
+        tx.emit(SessionChannel::Chat, typed(action)?, None)?;
     }
     let end = match outcome {
         Outcome::Complete => {
@@ -193,7 +193,7 @@ pub(crate) fn finish<S: Store>(
             "part": { "kind": "error", "error": { "errorType": "executor", "message": error } },
         }),
     };
-    tx.emit(Which::Chat, typed(end)?, None)?;
+    tx.emit(SessionChannel::Chat, typed(end)?, None)?;
     Ok(true)
 }
 
@@ -218,7 +218,7 @@ pub(crate) fn sync_chat(tx: &mut Tx) -> Result<(), RpcError> {
     for id in stale {
         let removed = SessionInputNeededRemovedAction { id };
         tx.emit(
-            Which::Session,
+            SessionChannel::Session,
             StateAction::SessionInputNeededRemoved(removed),
             None,
         )?;
@@ -244,7 +244,7 @@ pub(crate) fn sync_chat(tx: &mut Tx) -> Result<(), RpcError> {
         }
     }
     for request in requests {
-        tx.emit(Which::Session, typed(request)?, None)?;
+        tx.emit(SessionChannel::Session, typed(request)?, None)?;
     }
     Ok(())
 }
@@ -284,7 +284,7 @@ pub(crate) fn next_turn<S: Store>(
         id: pending.id.clone(),
     };
     tx.emit(
-        Which::Chat,
+        SessionChannel::Chat,
         StateAction::ChatPendingMessageRemoved(removed),
         None,
     )?;
@@ -295,7 +295,11 @@ pub(crate) fn next_turn<S: Store>(
         queued_message_id: (kind == PendingMessageKind::Queued).then_some(pending.id),
         meta: None,
     };
-    tx.emit(Which::Chat, StateAction::ChatTurnStarted(started), None)?;
+    tx.emit(
+        SessionChannel::Chat,
+        StateAction::ChatTurnStarted(started),
+        None,
+    )?;
     Ok(true)
 }
 
@@ -329,7 +333,11 @@ pub(crate) fn maintainer_action<S: Store>(
             chat_room(k, sessions, tx, turn_cost(&a.turn_id, &a.message))?;
             // The host's clock decides when a turn started.
             a.started_at = iso8601(now_ms);
-            tx.emit(Which::Chat, StateAction::ChatTurnStarted(a), origin)
+            tx.emit(
+                SessionChannel::Chat,
+                StateAction::ChatTurnStarted(a),
+                origin,
+            )
         }
         StateAction::ChatPendingMessageSet(a) => {
             if a.message.origin.kind != MessageKind::User {
@@ -351,7 +359,11 @@ pub(crate) fn maintainer_action<S: Store>(
             // that does not fit now never will.
             chat_room(k, sessions, tx, turn_cost(HOST_TURN_ID_SHAPE, &a.message))?;
             let steering = a.kind == PendingMessageKind::Steering;
-            tx.emit(Which::Chat, StateAction::ChatPendingMessageSet(a), origin)?;
+            tx.emit(
+                SessionChannel::Chat,
+                StateAction::ChatPendingMessageSet(a),
+                origin,
+            )?;
             if steering && tx.entry.chat.active_turn.is_some() {
                 // ACP v1 cannot steer mid-prompt: the running turn is cancelled (its
                 // reservation charged in full) and the steering message starts the next.
@@ -373,7 +385,7 @@ pub(crate) fn maintainer_action<S: Store>(
                 return Err(RpcError::conflict("Pending message not found"));
             }
             tx.emit(
-                Which::Chat,
+                SessionChannel::Chat,
                 StateAction::ChatPendingMessageRemoved(a),
                 origin,
             )?;
@@ -390,7 +402,11 @@ pub(crate) fn maintainer_action<S: Store>(
                 // The executor's outcome is unknown: the full reservation is charged.
                 settle_in_full(tx, &reservation)?;
             }
-            tx.emit(Which::Chat, StateAction::ChatTurnCancelled(a), origin)?;
+            tx.emit(
+                SessionChannel::Chat,
+                StateAction::ChatTurnCancelled(a),
+                origin,
+            )?;
             // The chat is idle now: a message queued during the turn starts, as after a
             // steering interrupt.
             next_turn(k, sessions, tx).map(|_| ())
@@ -434,7 +450,11 @@ pub(crate) fn maintainer_action<S: Store>(
                     "An executor cannot approve its own tool call",
                 ));
             }
-            tx.emit(Which::Chat, StateAction::ChatToolCallConfirmed(a), origin)
+            tx.emit(
+                SessionChannel::Chat,
+                StateAction::ChatToolCallConfirmed(a),
+                origin,
+            )
         }
         StateAction::Unknown(_) => Err(RpcError::invalid_params(
             "Invalid AHP action: unknown action type",
@@ -558,7 +578,7 @@ pub(crate) fn close<S: Store>(
     }
     for removed in removals {
         tx.emit(
-            Which::Chat,
+            SessionChannel::Chat,
             StateAction::ChatPendingMessageRemoved(removed),
             None,
         )?;
@@ -573,7 +593,7 @@ pub(crate) fn close<S: Store>(
         status: Status::Closed,
     });
     tx.emit(
-        Which::Session,
+        SessionChannel::Session,
         typed(json!({"type": "session/isArchivedChanged", "isArchived": true}))?,
         None,
     )?;

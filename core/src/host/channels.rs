@@ -12,7 +12,7 @@ use crate::error::RpcError;
 use crate::host::{parse_params, ChannelParams, Host};
 use crate::log::store::Store;
 use crate::net::connection::ConnId;
-use crate::net::wire;
+use crate::net::jsonrpc;
 use crate::principal::Principal;
 
 impl<S: Store> Host<S> {
@@ -32,7 +32,7 @@ impl<S: Store> Host<S> {
         match outcome {
             Ok(result) => self
                 .k
-                .reply_state(conn, id, wire::result_frame(id, &result)),
+                .reply_state(conn, id, jsonrpc::result_frame(id, &result)),
             Err(e) => self.k.reply_error(conn, id, &e),
         }
     }

@@ -7,7 +7,7 @@
 //! rolled back here too, because it touches every component: see [`Host::handle`].
 
 pub(crate) mod channels;
-mod handshake;
+mod initialize;
 mod inspect;
 
 pub use inspect::AxpInspect;

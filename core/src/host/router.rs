@@ -8,8 +8,8 @@ use crate::host::Host;
 use crate::limits::REQUEST_ID_BYTES_MAX;
 use crate::log::store::Store;
 use crate::net::connection::ConnId;
+use crate::net::jsonrpc::{self, Message};
 use crate::net::output::CloseCode;
-use crate::net::wire::{self, Message};
 
 /// Which part of the host a method belongs to.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -51,10 +51,10 @@ fn route(method: &str) -> Route {
 /// the host will refuse without one may still be counted): what waits in the input hold while
 /// the path is full. Client-service traffic, reads, `ping` and anything malformed need none.
 fn may_need_change(text: &str) -> bool {
-    if wire::parse_compact_notify(text).is_some() {
+    if jsonrpc::parse_compact_notify(text).is_some() {
         return false;
     }
-    match wire::parse_text(text) {
+    match jsonrpc::parse_text(text) {
         Ok(Message::Request { method, .. }) => method_may_need_change(&method),
         Ok(Message::Notification { method, .. }) => method == "dispatchAction",
         Ok(Message::Response { .. }) | Err(_) => false,
@@ -126,7 +126,7 @@ impl<S: Store> Host<S> {
     fn handle_message(&mut self, conn: ConnId, first: bool, text: &str) {
         let limits = self.k.limits();
         let too_big = |method: Option<&str>| text.len() > limits.message_bytes_max_for(method);
-        if let Some(notify) = wire::parse_compact_notify(text) {
+        if let Some(notify) = jsonrpc::parse_compact_notify(text) {
             // The hot path. `forward_notify` drops a notify from a connection still in its
             // handshake (it needs the sender's client id), so no separate readiness lookup.
             if too_big(Some("clientService/notify")) {
@@ -137,7 +137,7 @@ impl<S: Store> Host<S> {
                 .services
                 .forward_notify(&mut self.k, conn, Some(notify));
         }
-        match wire::parse_text(text) {
+        match jsonrpc::parse_text(text) {
             Err(malformed) => self.k.reply_error_now(conn, "null", &malformed.to_error()),
             Ok(Message::Request { id, method, params }) => {
                 if too_big(Some(&method)) {
@@ -193,7 +193,7 @@ impl<S: Store> Host<S> {
             return self.answer_error(conn, route, id, &e);
         }
         match route {
-            Route::Ping => self.k.reply_now(conn, wire::result_frame(id, "null")),
+            Route::Ping => self.k.reply_now(conn, jsonrpc::result_frame(id, "null")),
             Route::Handshake => self.handshake(conn, first, id, method, params),
             Route::Channels => self.channel_request(conn, id, method, params),
             Route::Ahp => self.ahp_request(conn, id, method, params),
@@ -244,7 +244,7 @@ impl<S: Store> Host<S> {
         match outcome {
             Ok(Some(result)) => self
                 .k
-                .reply_state(conn, id, wire::result_frame(id, &result)),
+                .reply_state(conn, id, jsonrpc::result_frame(id, &result)),
             Ok(None) => {}
             Err(e) => self.k.reply_error(conn, id, &e),
         }

@@ -28,8 +28,8 @@ use crate::log::write_path::{Failed, Txn, View, WritePath};
 use crate::net::connection::{
     ConnId, Connection, Connections, Enqueued, FrameClass, Hold, OnFail, Phase,
 };
+use crate::net::jsonrpc;
 use crate::net::output::{CloseCode, Frame, FramePool, Outbox, Output};
-use crate::net::wire;
 use crate::principal::Principal;
 
 /// Static configuration of a host.
@@ -360,7 +360,7 @@ impl<S: Store> Kernel<S> {
     pub(crate) fn reply_error(&mut self, conn: ConnId, id: &str, e: &RpcError) {
         self.stats.errors_out += 1;
         let hold = self.after_issued(OnFail::Send);
-        let _ = self.send(conn, wire::error_frame(id, e), FrameClass::Reply, hold);
+        let _ = self.send(conn, jsonrpc::error_frame(id, e), FrameClass::Reply, hold);
     }
 
     /// An answer that depends on nothing in flight (`ping`, client-service calls): at once.
@@ -371,7 +371,7 @@ impl<S: Store> Kernel<S> {
     /// An error that depends on nothing in flight: at once.
     pub(crate) fn reply_error_now(&mut self, conn: ConnId, id: &str, e: &RpcError) {
         self.stats.errors_out += 1;
-        self.reply_now(conn, wire::error_frame(id, e));
+        self.reply_now(conn, jsonrpc::error_frame(id, e));
     }
 
     /// An answer held for change `dep` that stays as it is if `dep` fails (a refusal or an
@@ -666,8 +666,8 @@ impl<S: Store> Kernel<S> {
             failed.first,
             cover,
             |on_fail| match on_fail {
-                OnFail::Error(id) | OnFail::Close(id) => Some(wire::error_frame(id, &error)),
-                OnFail::Reject(r) => Some(wire::rejection_frame(
+                OnFail::Error(id) | OnFail::Close(id) => Some(jsonrpc::error_frame(id, &error)),
+                OnFail::Reject(r) => Some(jsonrpc::rejection_frame(
                     &r.channel,
                     &r.action,
                     &r.client_id,

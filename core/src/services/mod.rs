@@ -24,8 +24,8 @@ use crate::kernel::Kernel;
 use crate::limits::{REQUEST_ID_BYTES_MAX, SERVICES_MAX, SERVICE_METADATA_DEPTH_MAX};
 use crate::log::store::Store;
 use crate::net::connection::ConnId;
+use crate::net::jsonrpc;
 use crate::net::output::{CloseCode, Frame};
-use crate::net::wire;
 use crate::principal::Principal;
 use registry::{entry_json, Registry, Service};
 use relay::Relay;
@@ -171,7 +171,7 @@ impl ClientServices {
             )),
         };
         match outcome {
-            Ok(result) => k.reply_now(conn, wire::result_frame(id, &result)),
+            Ok(result) => k.reply_now(conn, jsonrpc::result_frame(id, &result)),
             Err(e) => k.reply_error_now(conn, id, &e),
         }
     }
@@ -208,7 +208,7 @@ impl ClientServices {
         }
         // Catalog frames wrap metadata five levels deep; JSON parsers (serde_json among them)
         // stop at 128 levels, so deep metadata would make every observer's snapshot unreadable.
-        if wire::json_depth(metadata.get()) > SERVICE_METADATA_DEPTH_MAX {
+        if jsonrpc::json_depth(metadata.get()) > SERVICE_METADATA_DEPTH_MAX {
             return Err(RpcError::invalid_params(format!(
                 "metadata nests too deeply (at most {SERVICE_METADATA_DEPTH_MAX} levels)"
             )));
@@ -384,7 +384,7 @@ impl ClientServices {
                     (_, Some(s)) => json!({ "type": action, "service": entry_json(id, s) }),
                 };
                 let envelope = json!({ "channel": CATALOG, "action": action, "serverSeq": seq });
-                frames[slot] = Some(wire::notification_frame("action", &envelope.to_string()));
+                frames[slot] = Some(jsonrpc::notification_frame("action", &envelope.to_string()));
             }
             if let Some(f) = &frames[slot] {
                 k.push_catalog(conn, f.clone(), dep);

@@ -14,8 +14,8 @@ use crate::channel::CATALOG;
 use crate::kernel::Kernel;
 use crate::log::store::Store;
 use crate::net::connection::{ConnId, Enqueued, Phase};
+use crate::net::jsonrpc::{self, NotifyParams};
 use crate::net::output::Frame;
-use crate::net::wire::{self, NotifyParams};
 use crate::services::ClientServices;
 
 impl ClientServices {
@@ -29,7 +29,7 @@ impl ClientServices {
     ) {
         let parsed = params
             .and_then(|p| serde_json::from_str::<NotifyParams<'_>>(p.get()).ok())
-            .filter(|p| wire::payload_depth_ok(p.params.get()));
+            .filter(|p| jsonrpc::payload_depth_ok(p.params.get()));
         self.forward_notify(k, conn, parsed);
     }
 

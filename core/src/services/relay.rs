@@ -21,7 +21,7 @@ use crate::kernel::Kernel;
 use crate::limits::SERVICE_PAYLOAD_DEPTH_MAX;
 use crate::log::store::Store;
 use crate::net::connection::{ConnId, Enqueued, Phase};
-use crate::net::wire;
+use crate::net::jsonrpc;
 use crate::services::notify::forward_frame;
 use crate::services::ClientServices;
 
@@ -175,7 +175,7 @@ impl ClientServices {
         if p.params.get().len() > limits.service_payload_bytes_max as usize {
             return Err(RpcError::limit("Request params are too large"));
         }
-        if !wire::payload_depth_ok(p.params.get()) {
+        if !jsonrpc::payload_depth_ok(p.params.get()) {
             return Err(RpcError::invalid_params(format!(
                 "Request params nest too deeply (at most {SERVICE_PAYLOAD_DEPTH_MAX} levels)"
             )));
@@ -271,7 +271,7 @@ impl ClientServices {
             Some(Ok(result)) if result.get().len() > limits.service_payload_bytes_max as usize => {
                 Outcome::Error(RpcError::limit("Service result is too large"))
             }
-            Some(Ok(result)) if !wire::payload_depth_ok(result.get()) => Outcome::Error(
+            Some(Ok(result)) if !jsonrpc::payload_depth_ok(result.get()) => Outcome::Error(
                 RpcError::limit("Service result nests too deeply for its caller to read"),
             ),
             Some(Ok(result)) => Outcome::Result(result),
@@ -289,7 +289,7 @@ impl ClientServices {
                     if let Some(data) = e
                         .data
                         .filter(|d| d.get().len() <= limits.service_error_data_bytes_max as usize)
-                        .filter(|d| wire::payload_depth_ok(d.get()))
+                        .filter(|d| jsonrpc::payload_depth_ok(d.get()))
                     {
                         err =
                             err.with_data(serde_json::from_str(data.get()).unwrap_or(Value::Null));
@@ -382,7 +382,9 @@ impl ClientServices {
         k.disarm(&Timer::Relay(host_id));
         k.stats_mut().requests_completed += 1;
         match outcome {
-            Outcome::Result(r) => k.reply_now(p.caller, wire::result_frame(&p.caller_id, r.get())),
+            Outcome::Result(r) => {
+                k.reply_now(p.caller, jsonrpc::result_frame(&p.caller_id, r.get()))
+            }
             Outcome::Error(e) => k.reply_error_now(p.caller, &p.caller_id, &e),
         }
         if cancel_service {
@@ -399,6 +401,6 @@ impl ClientServices {
 /// Tells a service owner to stop working on request `host_id`.
 fn forward_cancel<S: Store>(k: &mut Kernel<S>, owner: ConnId, host_id: u64) {
     let params = json!({ "channel": CATALOG, "id": host_id }).to_string();
-    let frame = wire::notification_frame("$/cancelRequest", &params);
+    let frame = jsonrpc::notification_frame("$/cancelRequest", &params);
     let _ = k.pass(owner, frame);
 }

@@ -1364,7 +1364,7 @@ fn deep_turn(id: &str, depth: usize) -> Value {
     let text = format!(
         r#"{{"type":"chat/turnStarted","turnId":"{id}","startedAt":"2020-01-01T00:00:00.000Z","message":{{"text":"deep","origin":{{"kind":"user"}},"_meta":{meta}}}}}"#
     );
-    assert_eq!(crate::wire::json_depth(&text), depth);
+    assert_eq!(crate::jsonrpc::json_depth(&text), depth);
     serde_json::from_str(&text).expect("json")
 }
 

@@ -12,8 +12,8 @@ use crate::host::{parse_params, Host};
 use crate::kernel::time::Timer;
 use crate::log::store::Store;
 use crate::net::connection::{ConnId, Phase};
+use crate::net::jsonrpc;
 use crate::net::output::CloseCode;
-use crate::net::wire;
 use crate::services::ClientServices;
 
 /// Supported AHP protocol range: `>=0.9.0 <0.10.0`.
@@ -89,7 +89,7 @@ impl<S: Store> Host<S> {
         match outcome {
             Ok(result) => self
                 .k
-                .reply_state(conn, id, wire::result_frame(id, &result)),
+                .reply_state(conn, id, jsonrpc::result_frame(id, &result)),
             Err(e) => {
                 self.k.reply_error(conn, id, &e);
                 if e.code == UNSUPPORTED_PROTOCOL_VERSION {
