@@ -22,6 +22,7 @@ pub(crate) mod emit;
 pub(crate) mod executors;
 pub(crate) mod export;
 pub(crate) mod lease;
+pub(crate) mod memory;
 pub(crate) mod params;
 pub(crate) mod reducer;
 pub(crate) mod state;
@@ -35,6 +36,7 @@ use serde_json::Value;
 use crate::ahp::sessions::Sessions;
 use crate::axp::blob::Blobs;
 use crate::axp::executors::Executors;
+use crate::axp::memory::Memory;
 use crate::axp::params::{DispatchParams, Params};
 use crate::axp::reducer::AxpAction;
 use crate::channel::ChannelRef;
@@ -173,19 +175,22 @@ pub(crate) fn encode_uri_component(s: &str) -> String {
 }
 
 /// The AXP component. See the module docs.
-#[derive(Default)]
 pub(crate) struct Axp {
     pub(crate) executors: Executors,
     pub(crate) blobs: Blobs,
+    /// Repository memory, `axp-memory://`.
+    #[allow(dead_code)] // read by the memory commands, which land next
+    pub(crate) memory: Memory,
 }
 
 impl Axp {
-    /// The registry and blob index the store holds; `Err(key)` names a record that cannot be
-    /// read.
-    pub(crate) fn load(records: &[StoredRecord]) -> Result<Axp, String> {
+    /// The registry, blob index and memory the store holds; `Err(key)` names a record that
+    /// cannot be read. `seed` keys the memory index's hash maps (lesson text is peers').
+    pub(crate) fn load(records: &[StoredRecord], seed: u64) -> Result<Axp, String> {
         Ok(Axp {
             executors: Executors::load(records)?,
             blobs: Blobs::load(records)?,
+            memory: Memory::load(records, seed)?,
         })
     }
 

@@ -140,7 +140,7 @@ impl<S: Store> Host<S> {
                 .ok_or_else(|| HostError::CorruptRecord(r.key.clone()))?;
             clients.push(record);
         }
-        let mut axp = Axp::load(&loaded.records).map_err(HostError::CorruptRecord)?;
+        let mut axp = Axp::load(&loaded.records, seed).map_err(HostError::CorruptRecord)?;
         let mut sessions = sessions;
         // Nothing that ran before this process may continue unvouched: leases end and
         // executors go offline, as one change (issued only if there is anything to end).

@@ -27,16 +27,19 @@ pub enum Table {
     /// A session's access to a blob, keyed `<exchange URI>\n<digest>` (JSON
     /// `{"mediaType","size"}`): what the host indexes blobs by, loaded at start.
     BlobAccess,
+    /// An AXP repository-memory lesson, keyed by its id (JSON of `MemoryEntry`).
+    Memory,
 }
 
 impl Table {
     /// Every table, in a stable order.
-    pub const ALL: [Table; 5] = [
+    pub const ALL: [Table; 6] = [
         Table::State,
         Table::Client,
         Table::Executor,
         Table::Blob,
         Table::BlobAccess,
+        Table::Memory,
     ];
 
     /// The stable name stores file this table under.
@@ -47,6 +50,7 @@ impl Table {
             Table::Executor => "executor",
             Table::Blob => "blob",
             Table::BlobAccess => "blob_access",
+            Table::Memory => "memory",
         }
     }
 
@@ -235,6 +239,8 @@ mod tests {
         assert_eq!(Table::State.name(), "state");
         assert_eq!(Table::Client.name(), "client");
         assert_eq!(Table::BlobAccess.name(), "blob_access");
+        assert_eq!(Table::Memory.name(), "memory");
+        assert!(Table::Memory.loaded_at_start());
         assert!(!Table::Blob.loaded_at_start());
         assert!(Table::BlobAccess.loaded_at_start());
         assert_eq!(Table::from_name("nope"), None);
