@@ -74,6 +74,9 @@ pub(crate) enum Method {
     Export,
     BlobPut,
     BlobGet,
+    MemoryPropose,
+    MemoryReview,
+    MemorySearch,
 }
 
 /// The method table: every command this host serves, by wire name. `initialize` advertises
@@ -95,6 +98,9 @@ pub(crate) const METHODS: &[(&str, Method)] = &[
     ("_axp/export", Method::Export),
     ("_axp/blobPut", Method::BlobPut),
     ("_axp/blobGet", Method::BlobGet),
+    ("_axp/memoryPropose", Method::MemoryPropose),
+    ("_axp/memoryReview", Method::MemoryReview),
+    ("_axp/memorySearch", Method::MemorySearch),
 ];
 
 /// The one command whose messages may exceed `Limits::message_bytes_max`.
@@ -179,7 +185,6 @@ pub(crate) struct Axp {
     pub(crate) executors: Executors,
     pub(crate) blobs: Blobs,
     /// Repository memory, `axp-memory://`.
-    #[allow(dead_code)] // read by the memory commands, which land next
     pub(crate) memory: Memory,
 }
 
@@ -259,12 +264,13 @@ impl Axp {
         &mut self,
         k: &mut Kernel<S>,
         sessions: &mut Sessions,
-        _principal: &Principal,
+        principal: &Principal,
         p: &Params,
     ) -> Result<String, RpcError> {
         match p {
             Params::Export(p) => export::export(k, sessions, session_of(&p.channel)?),
             Params::BlobGet(p) => self.blobs.get(k, p),
+            Params::MemorySearch(p) => Ok(self.memory.search_command(sessions, principal, p)),
             _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
         }
     }
@@ -282,6 +288,8 @@ impl Axp {
         match p {
             Params::Register(p) => self.executors.register(k, principal, p, op),
             Params::BlobPut(p) => self.blobs.put(k, principal, p, op),
+            Params::MemoryPropose(p) => self.memory.propose(k, sessions, principal, p, op),
+            Params::MemoryReview(p) => self.memory.review(k, principal, p, op),
             Params::Dispatch(p) => dispatch(k, sessions, principal, p, op),
             p => self.session_command(k, sessions, principal, m, p, op),
         }

@@ -9,6 +9,10 @@
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
+use crate::axp::memory::params::{
+    check_propose, check_review, check_search, MemoryProposeParams, MemoryReviewParams,
+    MemorySearchParams,
+};
 use crate::axp::state::{Allowance, Enforcement, Placement, Usage};
 use crate::axp::Method;
 use crate::channel::valid_id;
@@ -51,6 +55,9 @@ pub(crate) enum Params {
     Export(ExportParams),
     BlobPut(BlobPutParams),
     BlobGet(BlobGetParams),
+    MemoryPropose(MemoryProposeParams),
+    MemoryReview(MemoryReviewParams),
+    MemorySearch(MemorySearchParams),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -217,13 +224,13 @@ fn invalid(what: &str) -> RpcError {
 }
 
 /// Checks that bind every command: `channel` and, for mutations, `operationId`.
-struct Check(Vec<String>);
+pub(crate) struct Check(Vec<String>);
 
 impl Check {
     fn new() -> Check {
         Check(Vec::new())
     }
-    fn that(&mut self, ok: bool, what: &str) {
+    pub(crate) fn that(&mut self, ok: bool, what: &str) {
         if !ok {
             self.0.push(what.to_owned());
         }
@@ -234,7 +241,7 @@ impl Check {
     fn id(&mut self, id: &str, field: &str) {
         self.that(valid_id(id), &format!("{field} is not a valid id"));
     }
-    fn count(&mut self, n: u64, field: &str) {
+    pub(crate) fn count(&mut self, n: u64, field: &str) {
         self.that(n <= COUNT_MAX, &format!("{field} is above 2^53-1"));
     }
     fn allowance(&mut self, a: &Allowance, field: &str) {
@@ -415,6 +422,26 @@ pub(crate) fn parse(method: Method, text: &str) -> Result<Params, RpcError> {
             c.that(valid_digest(&p.digest), "digest is not a SHA-256 digest");
             Params::BlobGet(p)
         }
+        Method::MemoryPropose => {
+            let p: MemoryProposeParams = decode(text)?;
+            c.id(&p.operation_id, "operationId");
+            c.channel(&p.channel);
+            check_propose(&p, &mut c);
+            Params::MemoryPropose(p)
+        }
+        Method::MemoryReview => {
+            let p: MemoryReviewParams = decode(text)?;
+            c.id(&p.operation_id, "operationId");
+            c.channel(&p.channel);
+            check_review(&p, &mut c);
+            Params::MemoryReview(p)
+        }
+        Method::MemorySearch => {
+            let p: MemorySearchParams = decode(text)?;
+            c.channel(&p.channel);
+            check_search(&p, &mut c);
+            Params::MemorySearch(p)
+        }
     };
     c.done()?;
     Ok(params)
@@ -438,6 +465,9 @@ impl Params {
             Params::Export(p) => &p.channel,
             Params::BlobPut(p) => &p.channel,
             Params::BlobGet(p) => &p.channel,
+            Params::MemoryPropose(p) => &p.channel,
+            Params::MemoryReview(p) => &p.channel,
+            Params::MemorySearch(p) => &p.channel,
         }
     }
 
@@ -456,7 +486,9 @@ impl Params {
             Params::Settle(p) => &p.operation_id,
             Params::Emit(p) => &p.operation_id,
             Params::BlobPut(p) => &p.operation_id,
-            Params::Export(_) | Params::BlobGet(_) => return None,
+            Params::MemoryPropose(p) => &p.operation_id,
+            Params::MemoryReview(p) => &p.operation_id,
+            Params::Export(_) | Params::BlobGet(_) | Params::MemorySearch(_) => return None,
         })
     }
 

@@ -189,12 +189,7 @@ fn initialize_advertises_the_method_table_and_the_identity() {
     for m in ["_axp/claim", "_axp/emit", "_axp/blobPut", "_axp/export"] {
         assert!(methods.contains(&m), "{m}");
     }
-    for part2 in [
-        "_axp/checkpoint",
-        "_axp/context",
-        "_axp/memorySearch",
-        "_axp/verify",
-    ] {
+    for part2 in ["_axp/checkpoint", "_axp/context", "_axp/verify"] {
         assert!(!methods.contains(&part2), "{part2} is part 2");
     }
     assert_eq!(meta["role"], "contributor");
@@ -202,12 +197,7 @@ fn initialize_advertises_the_method_table_and_the_identity() {
     assert_eq!(meta["repository"], "default");
     assert_eq!(meta["memory"], "axp-memory://");
     // Every part-2 command and any other `_axp/*` name is unknown.
-    for m in [
-        "_axp/checkpoint",
-        "_axp/compact",
-        "_axp/memoryPropose",
-        "_axp/nope",
-    ] {
+    for m in ["_axp/checkpoint", "_axp/compact", "_axp/nope"] {
         let r = h.request(1, 9, m, json!({"channel": X, "operationId": "x"}));
         assert_eq!(r["error"]["code"], -32601, "{m}");
     }
@@ -1632,6 +1622,7 @@ fn every_axp_action_type_reduces_seed_plus_actions_to_the_same_state() {
         json!({"type":"_axp/reviewChanged","review":{"manifest":{}}}),
         json!({"type":"_axp/verificationChanged","verification":{"headCommit":"h"}}),
         json!({"type":"_axp/executorChanged","executor":{"id":"e","owner":"a","name":"n","placement":"hosted","capabilities":[],"expiresAt":1,"online":true}}),
+        json!({"type":"_axp/memoryChanged","memory":{"scope":"r","title":"t","trigger":"g","lesson":"l","outcome":"success","id":"i","revision":1,"evidence":[],"status":"proposed","author":"a"}}),
         json!({"type":"_axp/leaseChanged","lease":null,"epoch":1,"status":"orphaned"}),
         json!({"type":"_axp/unknown","x":1}),
     ]

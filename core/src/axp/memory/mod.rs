@@ -8,12 +8,10 @@
 //! search index ([`index`]) over their text, and rebuilds a lesson from the store when a commit
 //! that touched it fails.
 
-// The commands that use the rest of this module land in the next commits; search is
-// exposed first for the working context (`_axp/context`).
-#![allow(dead_code)]
-
+mod commands;
 pub(crate) mod entry;
 mod index;
+pub(crate) mod params;
 mod postings;
 
 use std::collections::BTreeMap;
@@ -24,9 +22,12 @@ use crate::axp::json_text;
 use crate::axp::memory::entry::MemoryEntry;
 use crate::axp::memory::index::{IndexStats, LessonIndex};
 use crate::channel::MEMORY;
+use crate::error::RpcError;
 use crate::kernel::Kernel;
+use crate::limits::MEMORY_SNAPSHOT_BYTES_MAX;
 use crate::log::change::{Record, StoredRecord, Table};
 use crate::log::store::Store;
+use crate::principal::Principal;
 
 /// The lessons and their index. See the module docs.
 pub(crate) struct Memory {
@@ -119,6 +120,17 @@ impl Memory {
         self.json_bytes + 2
     }
 
+    /// `-32043` if the state is too large to send as one snapshot
+    /// ([`MEMORY_SNAPSHOT_BYTES_MAX`]).
+    pub(crate) fn snapshot_fits(&self) -> Result<(), RpcError> {
+        if self.json_bytes() > MEMORY_SNAPSHOT_BYTES_MAX {
+            return Err(RpcError::limit(
+                "Repository memory is too large for one snapshot; use _axp/memorySearch",
+            ));
+        }
+        Ok(())
+    }
+
     /// The reference's search over this host's lessons: those of `scope` that are `accepted`
     /// and whose every evidence session (`ahp-session:/ID`, as `Evidence::session` spells it)
     /// `can_read` allows, scored by how many distinct tokens of `query` (lowercase runs of
@@ -145,6 +157,14 @@ impl Memory {
     pub(crate) fn index_stats(&self) -> IndexStats {
         self.index.stats()
     }
+}
+
+/// Whether `principal` may read evidence session `session` (`ahp-session:/ID`), as the
+/// reference's `readable` decides it: the `can_read` of [`Memory::search`] for a caller.
+pub(crate) fn can_read_evidence(principal: &Principal, session: &str) -> bool {
+    session
+        .strip_prefix("ahp-session:/")
+        .is_some_and(|id| principal.can_read_session(id))
 }
 
 /// What `entry` adds to the channel's JSON: itself and its key.
