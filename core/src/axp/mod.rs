@@ -17,7 +17,9 @@
 
 pub(crate) mod blob;
 pub(crate) mod budget;
+pub(crate) mod checkpoint;
 pub(crate) mod comment;
+pub(crate) mod context;
 pub(crate) mod emit;
 pub(crate) mod executors;
 pub(crate) mod export;
@@ -72,6 +74,10 @@ pub(crate) enum Method {
     Export,
     BlobPut,
     BlobGet,
+    Checkpoint,
+    Compact,
+    AcceptCompaction,
+    Context,
 }
 
 /// The method table: every command this host serves, by wire name. `initialize` advertises
@@ -93,6 +99,10 @@ pub(crate) const METHODS: &[(&str, Method)] = &[
     ("_axp/export", Method::Export),
     ("_axp/blobPut", Method::BlobPut),
     ("_axp/blobGet", Method::BlobGet),
+    ("_axp/checkpoint", Method::Checkpoint),
+    ("_axp/compact", Method::Compact),
+    ("_axp/acceptCompaction", Method::AcceptCompaction),
+    ("_axp/context", Method::Context),
 ];
 
 /// The one command whose messages may exceed `Limits::message_bytes_max`.
@@ -260,6 +270,14 @@ impl Axp {
         match p {
             Params::Export(p) => export::export(k, sessions, session_of(&p.channel)?),
             Params::BlobGet(p) => self.blobs.get(k, p),
+            Params::Context(p) => {
+                let id = session_of(&p.channel)?;
+                let entry = sessions
+                    .get(id)
+                    .ok_or_else(|| RpcError::not_found("Unknown channel"))?;
+                let text = context::render(&entry.exchange, &entry.chat, &[], p.max_chars)?;
+                Ok(context::answer(&entry.exchange, text, 0, 0))
+            }
             _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
         }
     }
@@ -319,6 +337,9 @@ impl Axp {
                 emit::emit(k, sessions, &mut tx, principal, p, &has)
             }
             Params::Comment(p) => comment::comment(k, &mut tx, principal, p),
+            Params::Checkpoint(p) => checkpoint::checkpoint(k, &mut tx, &self.blobs, principal, p),
+            Params::Compact(p) => context::compact(k, &mut tx, principal, p),
+            Params::AcceptCompaction(p) => context::accept(&mut tx, principal, p),
             _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
         };
         let result = match built {

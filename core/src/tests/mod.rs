@@ -6,6 +6,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 mod axp;
+mod axp_checkpoint;
 mod backpressure;
 mod schema;
 mod services;

@@ -103,6 +103,31 @@ fn load(name: &str) -> Value {
         "axp/settle.params" => include_str!("../../../schema/axp/settle.params.schema.json"),
         "axp/settle.result" => include_str!("../../../schema/axp/settle.result.schema.json"),
         "axp/settled.action" => include_str!("../../../schema/axp/settled.action.schema.json"),
+        "axp/checkpoint.params" => {
+            include_str!("../../../schema/axp/checkpoint.params.schema.json")
+        }
+        "axp/checkpoint.result" => {
+            include_str!("../../../schema/axp/checkpoint.result.schema.json")
+        }
+        "axp/checkpoint-changed.action" => {
+            include_str!("../../../schema/axp/checkpoint-changed.action.schema.json")
+        }
+        "axp/compact.params" => include_str!("../../../schema/axp/compact.params.schema.json"),
+        "axp/compact.result" => include_str!("../../../schema/axp/compact.result.schema.json"),
+        "axp/compaction-proposed.action" => {
+            include_str!("../../../schema/axp/compaction-proposed.action.schema.json")
+        }
+        "axp/accept-compaction.params" => {
+            include_str!("../../../schema/axp/accept-compaction.params.schema.json")
+        }
+        "axp/accept-compaction.result" => {
+            include_str!("../../../schema/axp/accept-compaction.result.schema.json")
+        }
+        "axp/context-changed.action" => {
+            include_str!("../../../schema/axp/context-changed.action.schema.json")
+        }
+        "axp/context.params" => include_str!("../../../schema/axp/context.params.schema.json"),
+        "axp/context.result" => include_str!("../../../schema/axp/context.result.schema.json"),
         other => panic!("no schema named {other}"),
     };
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"))
