@@ -202,6 +202,12 @@ pub const SERVICES_MAX: usize = 2048;
 /// the history keeps every event).
 pub const DISCUSSION_MAX: usize = 256;
 
+/// Principals that may hold an AXP signing key (`_axp/review`, `_axp/approveReview`); a new
+/// principal's first signature gets `-32043` above. Principals come from the configuration, so
+/// this is never reached in practice; it bounds the table the host loads at start whatever the
+/// configuration's history. The AXP host has no such bound.
+pub const SIGNING_KEYS_MAX: usize = 10_000;
+
 const _: () = assert!(ACTION_DEPTH_MAX + ACTION_WRAPPING_DEPTH_MAX <= JSON_DEPTH_READABLE_MAX);
 const _: () = assert!(SERVICE_METADATA_DEPTH_MAX + 5 <= JSON_DEPTH_READABLE_MAX);
 const _: () = assert!(SERVICE_PAYLOAD_DEPTH_MAX + 2 <= JSON_DEPTH_READABLE_MAX);

@@ -26,8 +26,12 @@ pub(crate) mod export;
 pub(crate) mod lease;
 pub(crate) mod params;
 pub(crate) mod reducer;
+pub(crate) mod review;
+pub(crate) mod signature;
+pub(crate) mod signing_keys;
 pub(crate) mod state;
 pub(crate) mod turn;
+pub(crate) mod verification;
 
 use std::sync::Arc;
 
@@ -39,6 +43,7 @@ use crate::axp::blob::Blobs;
 use crate::axp::executors::Executors;
 use crate::axp::params::{DispatchParams, Params};
 use crate::axp::reducer::AxpAction;
+use crate::axp::signing_keys::SigningKeys;
 use crate::channel::ChannelRef;
 use crate::error::{RpcError, METHOD_NOT_FOUND};
 use crate::log::change::StoredRecord;
@@ -78,6 +83,9 @@ pub(crate) enum Method {
     Compact,
     AcceptCompaction,
     Context,
+    Review,
+    ApproveReview,
+    Verify,
 }
 
 /// The method table: every command this host serves, by wire name. `initialize` advertises
@@ -103,6 +111,9 @@ pub(crate) const METHODS: &[(&str, Method)] = &[
     ("_axp/compact", Method::Compact),
     ("_axp/acceptCompaction", Method::AcceptCompaction),
     ("_axp/context", Method::Context),
+    ("_axp/review", Method::Review),
+    ("_axp/approveReview", Method::ApproveReview),
+    ("_axp/verify", Method::Verify),
 ];
 
 /// The one command whose messages may exceed `Limits::message_bytes_max`.
@@ -187,6 +198,7 @@ pub(crate) fn encode_uri_component(s: &str) -> String {
 pub(crate) struct Axp {
     pub(crate) executors: Executors,
     pub(crate) blobs: Blobs,
+    pub(crate) signing_keys: SigningKeys,
 }
 
 impl Axp {
@@ -196,6 +208,7 @@ impl Axp {
         Ok(Axp {
             executors: Executors::load(records)?,
             blobs: Blobs::load(records)?,
+            signing_keys: SigningKeys::load(records)?,
         })
     }
 
@@ -340,6 +353,14 @@ impl Axp {
             Params::Checkpoint(p) => checkpoint::checkpoint(k, &mut tx, &self.blobs, principal, p),
             Params::Compact(p) => context::compact(k, &mut tx, principal, p),
             Params::AcceptCompaction(p) => context::accept(&mut tx, principal, p),
+            Params::Review(p) => {
+                let keys = &mut self.signing_keys;
+                review::review(k, &mut tx, keys, &mut extra, principal, p)
+            }
+            Params::ApproveReview(p) => {
+                review::approve(&mut tx, &mut self.signing_keys, &mut extra, principal, p)
+            }
+            Params::Verify(p) => verification::verify(k, &mut tx, &self.blobs, principal, p),
             _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
         };
         let result = match built {

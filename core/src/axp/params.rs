@@ -9,7 +9,9 @@
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
+use crate::axp::review::{read_approve, read_review, ApproveReviewParams, ReviewParams};
 use crate::axp::state::{Allowance, BlobRef, Checkpoint, Enforcement, Placement, Usage};
+use crate::axp::verification::{read_verify, VerifyParams};
 use crate::axp::Method;
 use crate::channel::valid_id;
 use crate::error::RpcError;
@@ -62,6 +64,9 @@ pub(crate) enum Params {
     Compact(CompactParams),
     AcceptCompaction(AcceptCompactionParams),
     Context(ContextParams),
+    Review(ReviewParams),
+    ApproveReview(ApproveReviewParams),
+    Verify(VerifyParams),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -543,6 +548,10 @@ pub(crate) fn parse(method: Method, text: &str) -> Result<Params, RpcError> {
             );
             Params::Context(p)
         }
+        // Checked where they are handled (review.rs, verification.rs).
+        Method::Review => Params::Review(read_review(text)?),
+        Method::ApproveReview => Params::ApproveReview(read_approve(text)?),
+        Method::Verify => Params::Verify(read_verify(text)?),
     };
     c.done()?;
     Ok(params)
@@ -570,6 +579,9 @@ impl Params {
             Params::Compact(p) => &p.channel,
             Params::AcceptCompaction(p) => &p.channel,
             Params::Context(p) => &p.channel,
+            Params::Review(p) => &p.channel,
+            Params::ApproveReview(p) => &p.channel,
+            Params::Verify(p) => &p.channel,
         }
     }
 
@@ -591,6 +603,9 @@ impl Params {
             Params::Checkpoint(p) => &p.operation_id,
             Params::Compact(p) => &p.operation_id,
             Params::AcceptCompaction(p) => &p.operation_id,
+            Params::Review(p) => &p.operation_id,
+            Params::ApproveReview(p) => &p.operation_id,
+            Params::Verify(p) => &p.operation_id,
             Params::Export(_) | Params::BlobGet(_) | Params::Context(_) => return None,
         })
     }

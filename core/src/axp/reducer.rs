@@ -8,11 +8,10 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::axp::state::{
     Checkpoint, CompactionProposal, Context, DiscussionComment, ExchangeState, ExecutorInfo, Grant,
-    Lease, Reservation, Status, Usage, UsageEntry,
+    Lease, Reservation, Review, Status, Usage, UsageEntry, Verification,
 };
 
 /// Every AXP action, tagged by `type` as the wire spells it.
@@ -44,9 +43,9 @@ pub(crate) enum AxpAction {
     #[serde(rename = "_axp/contextChanged")]
     ContextChanged { context: Context },
     #[serde(rename = "_axp/reviewChanged")]
-    ReviewChanged { review: Value },
+    ReviewChanged { review: Review },
     #[serde(rename = "_axp/verificationChanged")]
-    VerificationChanged { verification: Value },
+    VerificationChanged { verification: Verification },
     #[serde(rename = "_axp/executorChanged")]
     ExecutorChanged { executor: ExecutorInfo },
     /// Any other type: reducers leave the state unchanged.
@@ -187,8 +186,15 @@ mod tests {
     #[test]
     fn a_checkpoint_clears_the_review_and_a_context_the_compaction() {
         let mut s = ExchangeState::initial("s", "r", "t");
-        s.review = Some(json!({}));
-        s.verification = Some(json!({}));
+        let sig = json!({"publicKey": "k", "signature": "s"});
+        let review = json!({"manifest": {"version": 1, "repository": "r",
+            "session": "ahp-session:/s", "baseCommit": "a", "headCommit": "b", "model": "m",
+            "promptHash": "p", "traceHash": "t", "traceThroughSeq": 1, "checkpointDigest": "c"},
+            "contributor": sig, "maintainer": null});
+        s.review = Some(serde_json::from_value(review).expect("review"));
+        let verification = json!({"headCommit": "b", "verifier": "v", "command": ["x"],
+            "exitCode": 0, "output": blob('e'), "verifiedAt": 1});
+        s.verification = Some(serde_json::from_value(verification).expect("verification"));
         let proposal = CompactionProposal {
             id: "p".into(),
             author: "a".into(),

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::axp::signature::Signature;
 use crate::canonical::hash_object;
 use crate::channel::{chat_uri, exchange_uri, session_uri, EXECUTORS};
 
@@ -173,6 +174,52 @@ pub(crate) struct Checkpoint {
     pub(crate) created_at: u64,
 }
 
+/// What a review signs: the checkpoint, the trace that led to it and the model that made it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Manifest {
+    /// Always 1.
+    pub(crate) version: u64,
+    pub(crate) repository: String,
+    /// `ahp-session:/ID`.
+    pub(crate) session: String,
+    pub(crate) base_commit: String,
+    pub(crate) head_commit: String,
+    pub(crate) model: String,
+    pub(crate) prompt_hash: String,
+    /// `hashObject` of the session's envelopes on its chat, exchange and session channels
+    /// with `0 < serverSeq <= traceThroughSeq`.
+    pub(crate) trace_hash: String,
+    pub(crate) trace_through_seq: u64,
+    /// `hashObject` of the checkpoint.
+    pub(crate) checkpoint_digest: String,
+}
+
+/// A checkpoint's signed review: the contributor's signature, then an independent
+/// maintainer's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Review {
+    pub(crate) manifest: Manifest,
+    pub(crate) contributor: Signature,
+    pub(crate) maintainer: Option<Signature>,
+}
+
+/// A verifier's run of a command on the checkpoint's head.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Verification {
+    pub(crate) head_commit: String,
+    /// The verifier's principal id.
+    pub(crate) verifier: String,
+    pub(crate) command: Vec<String>,
+    pub(crate) exit_code: i64,
+    /// The command's output, a blob of this session.
+    pub(crate) output: BlobRef,
+    /// Wall-clock Unix milliseconds (the host's clock).
+    pub(crate) verified_at: u64,
+}
+
 /// The global sequence range a compaction proposal summarizes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -236,8 +283,8 @@ pub(crate) struct ExchangeState {
     pub(crate) checkpoint: Option<Checkpoint>,
     pub(crate) context: Context,
     pub(crate) compaction: Option<CompactionProposal>,
-    pub(crate) review: Option<Value>,
-    pub(crate) verification: Option<Value>,
+    pub(crate) review: Option<Review>,
+    pub(crate) verification: Option<Verification>,
     /// Absent until the first comment, as the reference writes it (clients render a missing
     /// key as an empty thread).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -27,16 +27,20 @@ pub enum Table {
     /// A session's access to a blob, keyed `<exchange URI>\n<digest>` (JSON
     /// `{"mediaType","size"}`): what the host indexes blobs by, loaded at start.
     BlobAccess,
+    /// The Ed25519 key an AXP principal signs reviews with, keyed by principal id (JSON
+    /// `{"ed25519": "<hex>"}`).
+    SigningKey,
 }
 
 impl Table {
     /// Every table, in a stable order.
-    pub const ALL: [Table; 5] = [
+    pub const ALL: [Table; 6] = [
         Table::State,
         Table::Client,
         Table::Executor,
         Table::Blob,
         Table::BlobAccess,
+        Table::SigningKey,
     ];
 
     /// The stable name stores file this table under.
@@ -47,6 +51,7 @@ impl Table {
             Table::Executor => "executor",
             Table::Blob => "blob",
             Table::BlobAccess => "blob_access",
+            Table::SigningKey => "signing_key",
         }
     }
 
@@ -235,6 +240,7 @@ mod tests {
         assert_eq!(Table::State.name(), "state");
         assert_eq!(Table::Client.name(), "client");
         assert_eq!(Table::BlobAccess.name(), "blob_access");
+        assert_eq!(Table::SigningKey.name(), "signing_key");
         assert!(!Table::Blob.loaded_at_start());
         assert!(Table::BlobAccess.loaded_at_start());
         assert_eq!(Table::from_name("nope"), None);

@@ -128,6 +128,22 @@ fn load(name: &str) -> Value {
         }
         "axp/context.params" => include_str!("../../../schema/axp/context.params.schema.json"),
         "axp/context.result" => include_str!("../../../schema/axp/context.result.schema.json"),
+        "axp/review.params" => include_str!("../../../schema/axp/review.params.schema.json"),
+        "axp/review.result" => include_str!("../../../schema/axp/review.result.schema.json"),
+        "axp/approve-review.params" => {
+            include_str!("../../../schema/axp/approve-review.params.schema.json")
+        }
+        "axp/approve-review.result" => {
+            include_str!("../../../schema/axp/approve-review.result.schema.json")
+        }
+        "axp/review-changed.action" => {
+            include_str!("../../../schema/axp/review-changed.action.schema.json")
+        }
+        "axp/verify.params" => include_str!("../../../schema/axp/verify.params.schema.json"),
+        "axp/verify.result" => include_str!("../../../schema/axp/verify.result.schema.json"),
+        "axp/verification-changed.action" => {
+            include_str!("../../../schema/axp/verification-changed.action.schema.json")
+        }
         other => panic!("no schema named {other}"),
     };
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"))
