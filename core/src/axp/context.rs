@@ -68,8 +68,33 @@ pub(crate) fn render(
         active_files: &c.active_files,
         git_head: c.git_head.as_deref(),
     });
-    let mut sections: Vec<String> = vec![PREAMBLE.to_owned(), summary];
-    sections.extend(lessons.iter().cloned());
+    let too_large = || {
+        RpcError::new(
+            CONTEXT,
+            "The working context is too large. Compact the session before continuing.",
+        )
+    };
+    let mut text = String::new();
+    // UTF-16 code units so far: rendering stops as soon as the limit is passed, so a long
+    // chat costs no more than `max_chars` of work.
+    let mut units: u64 = 0;
+    let mut push = |section: &str| -> Result<(), RpcError> {
+        if !text.is_empty() {
+            text.push_str("\n\n");
+            units += 2;
+        }
+        units += js_len(section) as u64;
+        if units > max_chars {
+            return Err(too_large());
+        }
+        text.push_str(section);
+        Ok(())
+    };
+    push(PREAMBLE)?;
+    push(&summary)?;
+    for lesson in lessons {
+        push(lesson)?;
+    }
     let from = usize::try_from(c.through_turn).unwrap_or(usize::MAX);
     for turn in chat.turns.iter().skip(from) {
         let parts: Vec<String> = turn
@@ -78,18 +103,11 @@ pub(crate) fn render(
             .map(part_text)
             .filter(|s| !s.is_empty())
             .collect();
-        sections.push(format!(
+        push(&format!(
             "User: {}\nAssistant: {}",
             turn.message.text,
             parts.join("\n")
-        ));
-    }
-    let text = sections.join("\n\n");
-    if js_len(&text) as u64 > max_chars {
-        return Err(RpcError::new(
-            CONTEXT,
-            "The working context is too large. Compact the session before continuing.",
-        ));
+        ))?;
     }
     Ok(text)
 }

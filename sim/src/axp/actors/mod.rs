@@ -5,12 +5,14 @@
 //!   grants itself a budget on a session, claims the session's lease (with `resumeEpoch`
 //!   after it lost one), renews on its heartbeat (sometimes late, so leases expire), reserves
 //!   the maintainers' turns, streams output, and settles with reported usage, an overspend or
-//!   nothing. Now and then it releases, revokes its own grant, or sends a fenced command with
-//!   a stale epoch. Every mutation whose answer a cut connection swallowed is sent again,
+//!   nothing. Between turns it uploads blobs, records Git checkpoints over them and proposes
+//!   compactions. Now and then it releases, revokes its own grant, or sends a fenced command
+//!   with a stale epoch. Every mutation whose answer a cut connection swallowed is sent again,
 //!   byte for byte (same `operationId`), as the first thing on the next connection; some are
 //!   sent twice on purpose.
 //! - A **maintainer** creates sessions, starts turns (`dispatchAction` and `_axp/dispatch`),
-//!   steers and queues messages, cancels turns, comments and, rarely, closes a session.
+//!   steers and queues messages, cancels turns, comments, accepts pending compactions and,
+//!   rarely, closes a session.
 //! - An **observer** mirrors `axp-executors://` and every session's exchange with the
 //!   reducer in [`crate::axp::replica`], and tries commands its role may not run.
 //!
@@ -76,6 +78,10 @@ pub struct Board {
     pub turns: BTreeMap<String, Vec<String>>,
     /// Sessions whose creation was acknowledged.
     pub sessions: BTreeSet<String>,
+    /// Each session's context `(revision, throughTurn)`, as observers last saw it.
+    pub contexts: BTreeMap<String, (u64, u64)>,
+    /// Each session's pending compaction proposal id, as observers last saw it.
+    pub proposals: BTreeMap<String, String>,
 }
 
 /// Draws an actor's behaviour.
@@ -124,6 +130,8 @@ pub struct Actor {
     last_epoch: BTreeMap<String, u64>,
     work: Option<Work>,
     tried: BTreeSet<String>,
+    /// Blob references this executor uploaded, by session (what its checkpoints name).
+    blobs: BTreeMap<String, Vec<Value>>,
     // Maintainer.
     client_seq: u64,
     turns_started: u64,
@@ -170,6 +178,7 @@ impl Actor {
             last_epoch: BTreeMap::new(),
             work: None,
             tried: BTreeSet::new(),
+            blobs: BTreeMap::new(),
             client_seq: 0,
             turns_started: 0,
             mirrors: BTreeMap::new(),
@@ -301,7 +310,7 @@ impl Actor {
     pub fn on_frame(&mut self, text: &str, board: &mut Board) -> Result<(), String> {
         let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
         if v.get("method").and_then(Value::as_str) == Some("action") {
-            return self.on_action(v.get("params").unwrap_or(&Value::Null));
+            return self.on_action(v.get("params").unwrap_or(&Value::Null), board);
         }
         if v.get("method").is_some() {
             return Ok(());
@@ -386,7 +395,7 @@ impl Actor {
         Ok(())
     }
 
-    fn on_action(&mut self, env: &Value) -> Result<(), String> {
+    fn on_action(&mut self, env: &Value, board: &mut Board) -> Result<(), String> {
         let seq = env["serverSeq"]
             .as_u64()
             .ok_or("an envelope without serverSeq")?;
@@ -408,6 +417,20 @@ impl Actor {
             return Ok(());
         }
         m.apply(channel, &env["action"], seq)
-            .map_err(|e| format!("observer {}: {e}", self.index))
+            .map_err(|e| format!("observer {}: {e}", self.index))?;
+        // What executors and maintainers need to propose and accept compactions.
+        if let Some(session) = channel.strip_prefix("axp-session:/") {
+            let ctx = &m.state["context"];
+            let at = (
+                ctx["revision"].as_u64().unwrap_or(0),
+                ctx["throughTurn"].as_u64().unwrap_or(0),
+            );
+            board.contexts.insert(session.to_owned(), at);
+            match m.state["compaction"]["id"].as_str() {
+                Some(id) => board.proposals.insert(session.to_owned(), id.to_owned()),
+                None => board.proposals.remove(session),
+            };
+        }
+        Ok(())
     }
 }
