@@ -9,7 +9,7 @@ pub const CATALOG: &str = "x-client-services://";
 /// The AXP executor registry channel.
 pub const EXECUTORS: &str = "axp-executors://";
 
-/// The AXP repository memory channel (part 2: advertised, not served yet).
+/// The AXP repository memory channel.
 pub const MEMORY: &str = "axp-memory://";
 
 /// Which channel a URI names. Session-scoped channels carry the session id.
@@ -27,6 +27,8 @@ pub enum ChannelRef<'a> {
     Exchange(&'a str),
     /// `axp-executors://`: the AXP executor registry.
     Executors,
+    /// `axp-memory://`: the AXP repository memory.
+    Memory,
     /// `x-client-services://`: the client-services catalog (state differs per observer).
     Catalog,
     /// Anything else: not served.
@@ -44,6 +46,9 @@ impl<'a> ChannelRef<'a> {
         }
         if uri == EXECUTORS {
             return ChannelRef::Executors;
+        }
+        if uri == MEMORY {
+            return ChannelRef::Memory;
         }
         let scoped = [
             (
@@ -76,6 +81,7 @@ impl<'a> ChannelRef<'a> {
             ChannelRef::Root
             | ChannelRef::Catalog
             | ChannelRef::Executors
+            | ChannelRef::Memory
             | ChannelRef::Unknown => None,
         }
     }
@@ -141,6 +147,8 @@ mod tests {
             ChannelRef::Exchange("s1")
         );
         assert_eq!(ChannelRef::parse("axp-executors://"), ChannelRef::Executors);
+        assert_eq!(ChannelRef::parse("axp-memory://"), ChannelRef::Memory);
+        assert_eq!(ChannelRef::Memory.session_id(), None);
         assert_eq!(ChannelRef::parse("axp-session:/"), ChannelRef::Unknown);
     }
 

@@ -80,6 +80,52 @@ impl Hasher for IdHasher {
 /// tables of their own (the mio driver's sockets).
 pub type U64Map<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
+/// A `HashMap` for keys peers choose (words of lesson text): hashed with SipHash-1-3 whose
+/// state first absorbs a 128-bit secret derived from the host's seed, so a peer cannot aim keys
+/// at one bucket the way it could with the fixed [`IdHasher`]. The seed is secret in
+/// production (drawn from the OS by the binary) and fixed in tests and the simulator, which
+/// keeps runs reproducible; these maps are never iterated on the way to an output.
+pub(crate) type SecretMap<K, V> = HashMap<K, V, SecretState>;
+
+/// The [`SecretMap`] hasher factory: the secret the hash state starts from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SecretState {
+    k0: u64,
+    k1: u64,
+}
+
+impl SecretState {
+    /// A secret derived from `seed` for one `purpose`, so maps of different purposes do not
+    /// share it.
+    pub(crate) fn derive(seed: u64, purpose: &str) -> SecretState {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(seed.to_le_bytes());
+        h.update(purpose.as_bytes());
+        let d = h.finalize();
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&d[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        SecretState {
+            k0: word(0),
+            k1: word(8),
+        }
+    }
+}
+
+impl std::hash::BuildHasher for SecretState {
+    type Hasher = std::hash::DefaultHasher;
+
+    fn build_hasher(&self) -> Self::Hasher {
+        let mut h = std::hash::DefaultHasher::new();
+        h.write_u64(self.k0);
+        h.write_u64(self.k1);
+        h
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +149,23 @@ mod tests {
         }
         // Length is part of a str's hash (`Hash for str` adds a terminator byte).
         assert_ne!(hash(&"ab"), hash(&"ab\0"));
+    }
+
+    #[test]
+    fn secret_hashes_depend_on_the_seed_and_the_purpose() {
+        let a = SecretState::derive(1, "words");
+        assert_eq!(
+            a.hash_one("parser"),
+            SecretState::derive(1, "words").hash_one("parser")
+        );
+        assert_ne!(
+            a.hash_one("parser"),
+            SecretState::derive(2, "words").hash_one("parser")
+        );
+        assert_ne!(
+            a.hash_one("parser"),
+            SecretState::derive(1, "grams").hash_one("parser")
+        );
     }
 
     #[test]

@@ -103,6 +103,15 @@ pub struct Limits {
     /// Bytes of held messages, at most (as `held_messages_max`); the first message is always
     /// held whatever its size.
     pub held_message_bytes_max: u64,
+    /// Lessons AXP repository memory holds, every status (lessons are never deleted; a retired
+    /// one still counts); a new lesson gets `-32043` above. The host keeps every lesson in
+    /// memory with its search index: measured, ~2.3 KB of RSS per lesson of ~1 KB of text
+    /// (`benches/memory.rs`), so ~230 MB at this default. The AXP host has no such bound.
+    pub memory_lessons_max: u32,
+    /// Evidence entries one lesson holds; proposing it again from new evidence gets `-32043`
+    /// above. Bounds the size of a lesson and of each `_axp/memoryChanged` (~120 bytes an
+    /// entry). The AXP host has no such bound.
+    pub memory_evidence_max: u32,
 }
 
 /// Defaults, named so tests and docs can cite them.
@@ -156,6 +165,10 @@ pub const DEFAULT_IN_FLIGHT_CHANGES_MAX: u32 = 4096;
 pub const DEFAULT_HELD_MESSAGES_MAX: u32 = 1024;
 /// See [`Limits::held_message_bytes_max`]: a few maximal blob uploads.
 pub const DEFAULT_HELD_MESSAGE_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// See [`Limits::memory_lessons_max`].
+pub const DEFAULT_MEMORY_LESSONS_MAX: u32 = 100_000;
+/// See [`Limits::memory_evidence_max`].
+pub const DEFAULT_MEMORY_EVIDENCE_MAX: u32 = 64;
 
 /// The largest `_axp/blobPut` message for blobs of at most `blob_bytes_max` bytes: their
 /// base64 plus [`BLOB_ENVELOPE_BYTES`].
@@ -207,6 +220,11 @@ pub const DISCUSSION_MAX: usize = 256;
 /// this is never reached in practice; it bounds the table the host loads at start whatever the
 /// configuration's history. The AXP host has no such bound.
 pub const SIGNING_KEYS_MAX: usize = 10_000;
+/// Largest state of `axp-memory://` the host sends as one snapshot (bytes of JSON, as an
+/// export's bound): subscribing to a larger memory (or naming it in `initialize`) gets
+/// `-32043`, and `reconnect` lists it as missing. Maintainers then recall lessons with
+/// `_axp/memorySearch`. About 10,000 lessons of 1 KB fit.
+pub const MEMORY_SNAPSHOT_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 const _: () = assert!(ACTION_DEPTH_MAX + ACTION_WRAPPING_DEPTH_MAX <= JSON_DEPTH_READABLE_MAX);
 const _: () = assert!(SERVICE_METADATA_DEPTH_MAX + 5 <= JSON_DEPTH_READABLE_MAX);
@@ -254,6 +272,8 @@ impl Default for Limits {
             in_flight_changes_max: DEFAULT_IN_FLIGHT_CHANGES_MAX,
             held_messages_max: DEFAULT_HELD_MESSAGES_MAX,
             held_message_bytes_max: DEFAULT_HELD_MESSAGE_BYTES_MAX,
+            memory_lessons_max: DEFAULT_MEMORY_LESSONS_MAX,
+            memory_evidence_max: DEFAULT_MEMORY_EVIDENCE_MAX,
         }
     }
 }
@@ -352,6 +372,11 @@ impl Limits {
         if self.in_flight_changes_max == 0 {
             return Err(LimitsError("in_flight_changes_max must be at least 1"));
         }
+        if self.memory_lessons_max == 0 || self.memory_evidence_max == 0 {
+            return Err(LimitsError(
+                "memory_lessons_max and memory_evidence_max must be at least 1",
+            ));
+        }
         Ok(())
     }
 
@@ -409,6 +434,8 @@ mod tests {
         assert_eq!(l.in_flight_changes_max, 4096);
         assert_eq!(l.held_messages_max, 1024);
         assert_eq!(l.held_message_bytes_max, 64 * 1024 * 1024);
+        assert!(l.memory_lessons_max >= 100_000, "the brief's scale");
+        assert_eq!(l.memory_evidence_max, 64);
         // A maximal upload, as the reference sizes its frames (ceil(16e6 * 4 / 3) + room).
         let upload = l.message_bytes_max_for(Some("_axp/blobPut"));
         assert!(upload >= 21_333_336 + 4096, "{upload}");
@@ -466,6 +493,16 @@ mod tests {
         assert_eq!(
             l.validate(),
             Err(LimitsError("in_flight_changes_max must be at least 1"))
+        );
+        let l = Limits {
+            memory_evidence_max: 0,
+            ..Limits::default()
+        };
+        assert_eq!(
+            l.validate(),
+            Err(LimitsError(
+                "memory_lessons_max and memory_evidence_max must be at least 1"
+            ))
         );
         let l = Limits {
             chat_bytes_total_max: DEFAULT_CHAT_BYTES_MAX - 1,

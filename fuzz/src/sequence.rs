@@ -475,6 +475,8 @@ pub fn tight_limits(session_limit: u8) -> Limits {
         in_flight_changes_max: 2,
         held_messages_max: 4,
         held_message_bytes_max: 8192,
+        memory_lessons_max: 2,
+        memory_evidence_max: 2,
     }
 }
 

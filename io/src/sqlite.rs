@@ -266,6 +266,14 @@ impl Store for SqliteStore {
     ) -> Result<Vec<Event>, StoreError> {
         self.reader.channel_events_after(channel, after)
     }
+
+    fn first_channel_event_after(
+        &mut self,
+        channel: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        self.reader.first_channel_event_after(channel, after)
+    }
 }
 
 impl Commit for SqliteStore {

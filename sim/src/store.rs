@@ -119,4 +119,12 @@ impl Store for SimStore {
     ) -> Result<Vec<Event>, StoreError> {
         self.mem.channel_events_after(channel, after)
     }
+
+    fn first_channel_event_after(
+        &mut self,
+        channel: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        self.mem.first_channel_event_after(channel, after)
+    }
 }

@@ -92,10 +92,13 @@ impl Sessions {
             | ChannelRef::Catalog
             | ChannelRef::Executors
             | ChannelRef::Unknown => true,
+            ChannelRef::Memory => crate::host::channels::memory_direct(&principal).is_ok(),
             r => principal.can_read_session(r.session_id().unwrap_or_default()),
         };
         let exists = match target {
-            ChannelRef::Root | ChannelRef::Catalog | ChannelRef::Executors => true,
+            ChannelRef::Root | ChannelRef::Catalog | ChannelRef::Executors | ChannelRef::Memory => {
+                true
+            }
             ChannelRef::Unknown => false,
             r => self.contains(r.session_id().unwrap_or_default()),
         };

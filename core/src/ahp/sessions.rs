@@ -136,7 +136,10 @@ impl Sessions {
                 .entries
                 .get(id)
                 .map(|e| e.state_json(SessionChannel::Exchange)),
-            ChannelRef::Catalog | ChannelRef::Executors | ChannelRef::Unknown => None,
+            ChannelRef::Catalog
+            | ChannelRef::Executors
+            | ChannelRef::Memory
+            | ChannelRef::Unknown => None,
         }
     }
 

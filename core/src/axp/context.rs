@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::ahp::tx::Tx;
 use crate::axp::json_text;
+use crate::axp::memory::entry::{Evidence, LessonOutcome, MemoryEntry};
 use crate::axp::params::{js_len, AcceptCompactionParams, CompactParams};
 use crate::axp::reducer::AxpAction;
 use crate::axp::state::{CompactionProposal, Context, ExchangeState, SeqRange};
@@ -38,6 +39,28 @@ struct Summary<'a> {
     decisions: &'a [String],
     active_files: &'a [String],
     git_head: Option<&'a str>,
+}
+
+/// A recalled lesson's section, with its keys in the reference's order.
+#[derive(Serialize)]
+struct Lesson<'a> {
+    title: &'a str,
+    trigger: &'a str,
+    lesson: &'a str,
+    outcome: LessonOutcome,
+    evidence: &'a [Evidence],
+}
+
+/// The section of lesson `m` (`JSON.stringify` of `{title, trigger, lesson, outcome,
+/// evidence}`).
+pub(crate) fn lesson(m: &MemoryEntry) -> String {
+    json_text(&Lesson {
+        title: &m.title,
+        trigger: &m.trigger,
+        lesson: &m.lesson,
+        outcome: m.outcome,
+        evidence: &m.evidence,
+    })
 }
 
 /// What `_axp/context` answers.

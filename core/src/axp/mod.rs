@@ -24,6 +24,7 @@ pub(crate) mod emit;
 pub(crate) mod executors;
 pub(crate) mod export;
 pub(crate) mod lease;
+pub(crate) mod memory;
 pub(crate) mod params;
 pub(crate) mod reducer;
 pub(crate) mod review;
@@ -41,6 +42,7 @@ use serde_json::Value;
 use crate::ahp::sessions::Sessions;
 use crate::axp::blob::Blobs;
 use crate::axp::executors::Executors;
+use crate::axp::memory::Memory;
 use crate::axp::params::{DispatchParams, Params};
 use crate::axp::reducer::AxpAction;
 use crate::axp::signing_keys::SigningKeys;
@@ -86,6 +88,9 @@ pub(crate) enum Method {
     Review,
     ApproveReview,
     Verify,
+    MemoryPropose,
+    MemoryReview,
+    MemorySearch,
 }
 
 /// The method table: every command this host serves, by wire name. `initialize` advertises
@@ -114,6 +119,9 @@ pub(crate) const METHODS: &[(&str, Method)] = &[
     ("_axp/review", Method::Review),
     ("_axp/approveReview", Method::ApproveReview),
     ("_axp/verify", Method::Verify),
+    ("_axp/memoryPropose", Method::MemoryPropose),
+    ("_axp/memoryReview", Method::MemoryReview),
+    ("_axp/memorySearch", Method::MemorySearch),
 ];
 
 /// The one command whose messages may exceed `Limits::message_bytes_max`.
@@ -194,21 +202,23 @@ pub(crate) fn encode_uri_component(s: &str) -> String {
 }
 
 /// The AXP component. See the module docs.
-#[derive(Default)]
 pub(crate) struct Axp {
     pub(crate) executors: Executors,
     pub(crate) blobs: Blobs,
     pub(crate) signing_keys: SigningKeys,
+    /// Repository memory, `axp-memory://`.
+    pub(crate) memory: Memory,
 }
 
 impl Axp {
-    /// The registry and blob index the store holds; `Err(key)` names a record that cannot be
-    /// read.
-    pub(crate) fn load(records: &[StoredRecord]) -> Result<Axp, String> {
+    /// The registry, blob index and memory the store holds; `Err(key)` names a record that
+    /// cannot be read. `seed` keys the memory index's hash maps (lesson text is peers').
+    pub(crate) fn load(records: &[StoredRecord], seed: u64) -> Result<Axp, String> {
         Ok(Axp {
             executors: Executors::load(records)?,
             blobs: Blobs::load(records)?,
             signing_keys: SigningKeys::load(records)?,
+            memory: Memory::load(records, seed)?,
         })
     }
 
@@ -277,7 +287,7 @@ impl Axp {
         &mut self,
         k: &mut Kernel<S>,
         sessions: &mut Sessions,
-        _principal: &Principal,
+        principal: &Principal,
         p: &Params,
     ) -> Result<String, RpcError> {
         match p {
@@ -288,9 +298,21 @@ impl Axp {
                 let entry = sessions
                     .get(id)
                     .ok_or_else(|| RpcError::not_found("Unknown channel"))?;
-                let text = context::render(&entry.exchange, &entry.chat, &[], p.max_chars)?;
-                Ok(context::answer(&entry.exchange, text, 0, 0))
+                // The five lessons recalled by the task, of those the caller may read.
+                let can_read = |session: &str| memory::can_read_evidence(principal, session);
+                let (lessons, total) =
+                    self.memory
+                        .search(sessions.repository(), &entry.exchange.task, 5, &can_read);
+                let rendered: Vec<String> = lessons.iter().map(|l| context::lesson(l)).collect();
+                let text = context::render(&entry.exchange, &entry.chat, &rendered, p.max_chars)?;
+                Ok(context::answer(
+                    &entry.exchange,
+                    text,
+                    total,
+                    rendered.len(),
+                ))
             }
+            Params::MemorySearch(p) => Ok(self.memory.search_command(sessions, principal, p)),
             _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
         }
     }
@@ -308,6 +330,8 @@ impl Axp {
         match p {
             Params::Register(p) => self.executors.register(k, principal, p, op),
             Params::BlobPut(p) => self.blobs.put(k, principal, p, op),
+            Params::MemoryPropose(p) => self.memory.propose(k, sessions, principal, p, op),
+            Params::MemoryReview(p) => self.memory.review(k, principal, p, op),
             Params::Dispatch(p) => dispatch(k, sessions, principal, p, op),
             p => self.session_command(k, sessions, principal, m, p, op),
         }

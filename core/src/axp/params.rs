@@ -9,6 +9,10 @@
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
+use crate::axp::memory::params::{
+    check_propose, check_review, check_search, MemoryProposeParams, MemoryReviewParams,
+    MemorySearchParams,
+};
 use crate::axp::review::{read_approve, read_review, ApproveReviewParams, ReviewParams};
 use crate::axp::state::{Allowance, BlobRef, Checkpoint, Enforcement, Placement, Usage};
 use crate::axp::verification::{read_verify, VerifyParams};
@@ -67,6 +71,9 @@ pub(crate) enum Params {
     Review(ReviewParams),
     ApproveReview(ApproveReviewParams),
     Verify(VerifyParams),
+    MemoryPropose(MemoryProposeParams),
+    MemoryReview(MemoryReviewParams),
+    MemorySearch(MemorySearchParams),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -276,13 +283,13 @@ fn invalid(what: &str) -> RpcError {
 }
 
 /// Checks that bind every command: `channel` and, for mutations, `operationId`.
-struct Check(Vec<String>);
+pub(crate) struct Check(Vec<String>);
 
 impl Check {
     fn new() -> Check {
         Check(Vec::new())
     }
-    fn that(&mut self, ok: bool, what: &str) {
+    pub(crate) fn that(&mut self, ok: bool, what: &str) {
         if !ok {
             self.0.push(what.to_owned());
         }
@@ -293,7 +300,7 @@ impl Check {
     fn id(&mut self, id: &str, field: &str) {
         self.that(valid_id(id), &format!("{field} is not a valid id"));
     }
-    fn count(&mut self, n: u64, field: &str) {
+    pub(crate) fn count(&mut self, n: u64, field: &str) {
         self.that(n <= COUNT_MAX, &format!("{field} is above 2^53-1"));
     }
     fn allowance(&mut self, a: &Allowance, field: &str) {
@@ -552,6 +559,26 @@ pub(crate) fn parse(method: Method, text: &str) -> Result<Params, RpcError> {
         Method::Review => Params::Review(read_review(text)?),
         Method::ApproveReview => Params::ApproveReview(read_approve(text)?),
         Method::Verify => Params::Verify(read_verify(text)?),
+        Method::MemoryPropose => {
+            let p: MemoryProposeParams = decode(text)?;
+            c.id(&p.operation_id, "operationId");
+            c.channel(&p.channel);
+            check_propose(&p, &mut c);
+            Params::MemoryPropose(p)
+        }
+        Method::MemoryReview => {
+            let p: MemoryReviewParams = decode(text)?;
+            c.id(&p.operation_id, "operationId");
+            c.channel(&p.channel);
+            check_review(&p, &mut c);
+            Params::MemoryReview(p)
+        }
+        Method::MemorySearch => {
+            let p: MemorySearchParams = decode(text)?;
+            c.channel(&p.channel);
+            check_search(&p, &mut c);
+            Params::MemorySearch(p)
+        }
     };
     c.done()?;
     Ok(params)
@@ -582,6 +609,9 @@ impl Params {
             Params::Review(p) => &p.channel,
             Params::ApproveReview(p) => &p.channel,
             Params::Verify(p) => &p.channel,
+            Params::MemoryPropose(p) => &p.channel,
+            Params::MemoryReview(p) => &p.channel,
+            Params::MemorySearch(p) => &p.channel,
         }
     }
 
@@ -606,7 +636,12 @@ impl Params {
             Params::Review(p) => &p.operation_id,
             Params::ApproveReview(p) => &p.operation_id,
             Params::Verify(p) => &p.operation_id,
-            Params::Export(_) | Params::BlobGet(_) | Params::Context(_) => return None,
+            Params::MemoryPropose(p) => &p.operation_id,
+            Params::MemoryReview(p) => &p.operation_id,
+            Params::Export(_)
+            | Params::BlobGet(_)
+            | Params::Context(_)
+            | Params::MemorySearch(_) => return None,
         })
     }
 

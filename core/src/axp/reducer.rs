@@ -1,5 +1,6 @@
 //! The AXP actions and their pure reducers: what clients apply to their copy of
-//! `axp-session:/ID` and `axp-executors://`, and what the host applies to its own.
+//! `axp-session:/ID` and `axp-executors://`, and what the host applies to its own. The
+//! `axp-memory://` reducer (an upsert by id) is `Memory::upsert`, which indexes as it applies.
 //!
 //! Reducers never validate: authority and transition validity belong to the host, which
 //! checks them before emitting. An action of a type a reducer does not know leaves the state
@@ -9,6 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::axp::memory::entry::MemoryEntry;
 use crate::axp::state::{
     Checkpoint, CompactionProposal, Context, DiscussionComment, ExchangeState, ExecutorInfo, Grant,
     Lease, Reservation, Review, Status, Usage, UsageEntry, Verification,
@@ -48,6 +50,8 @@ pub(crate) enum AxpAction {
     VerificationChanged { verification: Verification },
     #[serde(rename = "_axp/executorChanged")]
     ExecutorChanged { executor: ExecutorInfo },
+    #[serde(rename = "_axp/memoryChanged")]
+    MemoryChanged { memory: MemoryEntry },
     /// Any other type: reducers leave the state unchanged.
     #[serde(other)]
     Unknown,
@@ -56,7 +60,7 @@ pub(crate) enum AxpAction {
 impl AxpAction {
     /// Every type this host emits or applies, as the wire spells it (for tests and schemas).
     #[cfg(test)]
-    pub(crate) const TYPES: [&'static str; 11] = [
+    pub(crate) const TYPES: [&'static str; 12] = [
         "_axp/leaseChanged",
         "_axp/grantChanged",
         "_axp/reserved",
@@ -68,6 +72,7 @@ impl AxpAction {
         "_axp/reviewChanged",
         "_axp/verificationChanged",
         "_axp/executorChanged",
+        "_axp/memoryChanged",
     ];
 }
 
@@ -120,7 +125,9 @@ pub(crate) fn reduce_exchange(state: &mut ExchangeState, action: &AxpAction) -> 
         AxpAction::VerificationChanged { verification } => {
             state.verification = Some(verification.clone())
         }
-        AxpAction::ExecutorChanged { .. } | AxpAction::Unknown => return false,
+        AxpAction::ExecutorChanged { .. }
+        | AxpAction::MemoryChanged { .. }
+        | AxpAction::Unknown => return false,
     }
     true
 }

@@ -37,9 +37,14 @@ impl<S: Store> Host<S> {
         }
     }
 
-    /// Checks that `principal` may read `uri` and that it exists.
+    /// Checks that `principal` may read `uri` and that it exists, and that its snapshot can
+    /// be sent (what subscribing needs).
     pub(crate) fn allowed(&self, principal: &Principal, uri: &str) -> Result<(), RpcError> {
-        channel_allowed(principal, uri, &self.sessions)
+        channel_allowed(principal, uri, &self.sessions)?;
+        if uri == crate::channel::MEMORY {
+            self.axp.memory.snapshot_fits()?;
+        }
+        Ok(())
     }
 
     /// The state of a channel as `viewer` sees it (the catalog differs per observer).
@@ -47,6 +52,7 @@ impl<S: Store> Host<S> {
         match ChannelRef::parse(uri) {
             ChannelRef::Catalog => Some(self.services.catalog_for(viewer)),
             ChannelRef::Executors => Some(self.axp.registry_json()),
+            ChannelRef::Memory => Some(self.axp.memory.json()),
             _ => self.sessions.channel_state(uri),
         }
     }
@@ -105,8 +111,9 @@ impl<S: Store> Host<S> {
 }
 
 /// Checks that `principal` may read `uri` and that it exists: the root, the catalog and the
-/// executor registry are everyone's; a session's channels are readable within the principal's
-/// scope (`-32009`) and exist with the session (`-32008`).
+/// executor registry are everyone's; the memory is read directly only by repository-wide
+/// maintainers (see [`memory_direct`]); a session's channels are readable within the
+/// principal's scope (`-32009`) and exist with the session (`-32008`).
 pub(crate) fn channel_allowed(
     principal: &Principal,
     uri: &str,
@@ -115,6 +122,7 @@ pub(crate) fn channel_allowed(
     let r = ChannelRef::parse(uri);
     match r {
         ChannelRef::Root | ChannelRef::Catalog | ChannelRef::Executors => Ok(()),
+        ChannelRef::Memory => memory_direct(principal),
         ChannelRef::Unknown => Err(RpcError::not_found("Unknown channel")),
         _ => {
             let id = r.session_id().unwrap_or_default();
@@ -127,6 +135,20 @@ pub(crate) fn channel_allowed(
             Ok(())
         }
     }
+}
+
+/// `-32009` unless `principal` may use `axp-memory://` directly (subscribe, snapshot, name it
+/// as a command's channel): a maintainer whose scope is every session, as in the reference.
+/// Everyone else recalls lessons through `_axp/memorySearch`, which shows each caller only
+/// lessons whose every evidence session it may read.
+pub(crate) fn memory_direct(principal: &Principal) -> Result<(), RpcError> {
+    crate::axp::maintain(principal)?;
+    if principal.sessions != crate::principal::SessionScope::All {
+        return Err(RpcError::forbidden(
+            "Only repository-wide maintainers can read memory directly; use search instead",
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn percent_decode(s: &str) -> String {

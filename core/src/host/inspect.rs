@@ -23,6 +23,8 @@ pub struct AxpInspect {
     pub executors: Value,
     /// Bytes and index entries the stored blobs charge against `blob_storage_bytes_max`.
     pub blob_storage_bytes: u64,
+    /// The state of `axp-memory://` (`{resource, entries}`).
+    pub memory: Value,
 }
 
 impl<S: Store> Host<S> {
@@ -88,6 +90,7 @@ impl<S: Store> Host<S> {
     pub fn channel_state(&self, uri: &str) -> Option<Value> {
         match crate::channel::ChannelRef::parse(uri) {
             crate::channel::ChannelRef::Executors => Some(self.axp.registry_json()),
+            crate::channel::ChannelRef::Memory => Some(self.axp.memory.json()),
             _ => self.sessions.channel_state(uri),
         }
     }
@@ -172,6 +175,7 @@ impl<S: Store> Host<S> {
                 .collect(),
             executors: self.axp.registry_json(),
             blob_storage_bytes: self.axp.blobs.used(),
+            memory: self.axp.memory.json(),
         }
     }
 

@@ -140,7 +140,7 @@ impl<S: Store> Host<S> {
                 .ok_or_else(|| HostError::CorruptRecord(r.key.clone()))?;
             clients.push(record);
         }
-        let mut axp = Axp::load(&loaded.records).map_err(HostError::CorruptRecord)?;
+        let mut axp = Axp::load(&loaded.records, seed).map_err(HostError::CorruptRecord)?;
         let mut sessions = sessions;
         // Nothing that ran before this process may continue unvouched: leases end and
         // executors go offline, as one change (issued only if there is anything to end).
@@ -229,6 +229,7 @@ impl<S: Store> Host<S> {
                 Touched::Executor(id) => self.axp.executors.rebuild(&mut self.k, id),
                 Touched::BlobAccess(key) => self.axp.blobs.rebuild(&mut self.k, key),
                 Touched::SigningKey(id) => self.axp.signing_keys.rebuild(&mut self.k, id),
+                Touched::Memory(id) => self.axp.memory.rebuild(&mut self.k, id),
             }
         }
         self.k.after_failure(&failed);

@@ -68,7 +68,11 @@ fn method_may_need_change(method: &str) -> bool {
         Route::Ahp => method != "listSessions",
         Route::Axp => !matches!(
             crate::axp::method(method),
-            None | Some(crate::axp::Method::Export | crate::axp::Method::BlobGet)
+            None | Some(
+                crate::axp::Method::Export
+                    | crate::axp::Method::BlobGet
+                    | crate::axp::Method::MemorySearch
+            )
         ),
         // Catalog events may need a reservation of numbers (`Kernel::reserve_ahead`).
         Route::Services => matches!(

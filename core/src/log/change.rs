@@ -30,17 +30,20 @@ pub enum Table {
     /// The Ed25519 key an AXP principal signs reviews with, keyed by principal id (JSON
     /// `{"ed25519": "<hex>"}`).
     SigningKey,
+    /// An AXP repository-memory lesson, keyed by its id (JSON of `MemoryEntry`).
+    Memory,
 }
 
 impl Table {
     /// Every table, in a stable order.
-    pub const ALL: [Table; 6] = [
+    pub const ALL: [Table; 7] = [
         Table::State,
         Table::Client,
         Table::Executor,
         Table::Blob,
         Table::BlobAccess,
         Table::SigningKey,
+        Table::Memory,
     ];
 
     /// The stable name stores file this table under.
@@ -52,6 +55,7 @@ impl Table {
             Table::Blob => "blob",
             Table::BlobAccess => "blob_access",
             Table::SigningKey => "signing_key",
+            Table::Memory => "memory",
         }
     }
 
@@ -241,6 +245,8 @@ mod tests {
         assert_eq!(Table::Client.name(), "client");
         assert_eq!(Table::BlobAccess.name(), "blob_access");
         assert_eq!(Table::SigningKey.name(), "signing_key");
+        assert_eq!(Table::Memory.name(), "memory");
+        assert!(Table::Memory.loaded_at_start());
         assert!(!Table::Blob.loaded_at_start());
         assert!(Table::BlobAccess.loaded_at_start());
         assert_eq!(Table::from_name("nope"), None);

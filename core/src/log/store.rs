@@ -30,6 +30,18 @@ pub trait Store {
     /// Every event on `channel` numbered above `after`, oldest first.
     fn channel_events_after(&mut self, channel: &str, after: u64)
         -> Result<Vec<Event>, StoreError>;
+    /// The number of the first event on `channel` above `after`, if any. Stores should answer
+    /// without reading the rest (this default reads them all).
+    fn first_channel_event_after(
+        &mut self,
+        channel: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        Ok(self
+            .channel_events_after(channel, after)?
+            .first()
+            .map(|e| e.seq))
+    }
 }
 
 /// Writes to durable storage: what drivers (never the core) call.
@@ -181,6 +193,19 @@ impl Store for MemStore {
             .filter(|e| &*e.channel == channel)
             .cloned()
             .collect())
+    }
+
+    fn first_channel_event_after(
+        &mut self,
+        channel: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        self.read()?;
+        let start = self.events.partition_point(|e| e.seq <= after);
+        Ok(self.events[start..]
+            .iter()
+            .find(|e| &*e.channel == channel)
+            .map(|e| e.seq))
     }
 }
 

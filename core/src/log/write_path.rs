@@ -28,6 +28,8 @@ pub(crate) enum Touched {
     BlobAccess(String),
     /// A principal's AXP signing key, by principal id.
     SigningKey(String),
+    /// An AXP repository-memory lesson, by id.
+    Memory(String),
 }
 
 /// One durable change being built.
@@ -246,6 +248,26 @@ impl<S: Store> View<'_, S> {
         events.extend(self.path.events_in_flight(channel, after).cloned());
         Ok(events)
     }
+
+    /// The number of the first event on `channel` above `after`, if any: the store's if it is
+    /// below every event in flight, else the first in flight.
+    pub(crate) fn first_event_after(
+        &mut self,
+        channel: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let in_flight = self.path.first_event_in_flight();
+        if let Some(seq) = self.store.first_channel_event_after(channel, after)? {
+            if in_flight.is_none_or(|first| seq < first) {
+                return Ok(Some(seq));
+            }
+        }
+        Ok(self
+            .path
+            .events_in_flight(channel, after)
+            .next()
+            .map(|e| e.seq))
+    }
 }
 
 #[cfg(test)]
@@ -283,6 +305,10 @@ mod tests {
             .map(|e| e.seq)
             .collect();
         assert_eq!(seqs, [1, 2]);
+        assert_eq!(view.first_event_after("c", 0).expect("first"), Some(1));
+        assert_eq!(view.first_event_after("c", 1).expect("first"), Some(2));
+        assert_eq!(view.first_event_after("c", 2).expect("first"), None);
+        assert_eq!(view.first_event_after("d", 0).expect("first"), None);
         assert_eq!(path.durable_through(1), (1, Some(1)));
         store.commit(&c2).expect("commit");
         assert_eq!(path.durable_through(2), (1, Some(2)));

@@ -1624,6 +1624,7 @@ fn every_axp_action_type_reduces_seed_plus_actions_to_the_same_state() {
         json!({"type":"_axp/reviewChanged","review":super::axp_review::review_json()}),
         json!({"type":"_axp/verificationChanged","verification":super::axp_review::verification_json()}),
         json!({"type":"_axp/executorChanged","executor":{"id":"e","owner":"a","name":"n","placement":"hosted","capabilities":[],"expiresAt":1,"online":true}}),
+        json!({"type":"_axp/memoryChanged","memory":{"scope":"r","title":"t","trigger":"g","lesson":"l","outcome":"success","id":"i","revision":1,"evidence":[],"status":"proposed","author":"a"}}),
         json!({"type":"_axp/leaseChanged","lease":null,"epoch":1,"status":"orphaned"}),
         json!({"type":"_axp/unknown","x":1}),
     ]

@@ -465,3 +465,85 @@ fn checkpoints_and_contexts_survive_a_restart_and_retries_change_nothing() {
         first
     );
 }
+
+#[test]
+fn the_working_context_recalls_accepted_lessons_the_caller_may_read() {
+    let mut ax = Ax::new();
+    let epoch = ax.dock();
+    complete_turn(&mut ax, epoch, "t1", "done");
+    let task = ax.exchange()["task"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let seq = ax.h.host.server_seq();
+    let lesson = ax.ok(
+        C,
+        "_axp/memoryPropose",
+        json!({"channel": X, "title": "Sessions need tests", "trigger": format!("working on {task}"),
+            "lesson": "Run the suite before settling.", "outcome": "success", "fromSeq": 1, "toSeq": seq}),
+    );
+    // Proposed, not accepted: not recalled.
+    let r = ax.ok(O, "_axp/context", json!({"channel": X}));
+    assert_eq!(
+        (r["memoryTotal"].clone(), r["memoryIncluded"].clone()),
+        (json!(0), json!(0))
+    );
+    ax.ok(
+        M,
+        "_axp/memoryReview",
+        json!({"channel": X, "memoryId": lesson["id"], "revision": lesson["revision"], "status": "accepted"}),
+    );
+    let r = ax.ok(O, "_axp/context", json!({"channel": X}));
+    assert_eq!(
+        (r["memoryTotal"].clone(), r["memoryIncluded"].clone()),
+        (json!(1), json!(1))
+    );
+    let text = r["text"].as_str().unwrap_or_default();
+    let section = format!(
+        "{{\"title\":\"Sessions need tests\",\"trigger\":\"working on {task}\",\"lesson\":\"Run the suite before settling.\",\"outcome\":\"success\",\"evidence\":[{{\"session\":\"ahp-session:/s1\",\"fromSeq\":1,\"toSeq\":{seq},\"gitHead\":null}}]}}"
+    );
+    assert!(
+        text.contains(&format!("\"gitHead\":null}}\n\n{section}\n\nUser: do it")),
+        "the lesson sits between the summary and the turns: {text}"
+    );
+    // A caller who may read this session but not the lesson's evidence sessions sees none:
+    // here the lesson's only session is s1, so a reader of s1 sees it; a second lesson drawn
+    // from s2 is hidden from a reader scoped to s1.
+    ax.h.create(M, "s2");
+    ax.ok(
+        M,
+        "_axp/comment",
+        json!({"channel": "axp-session:/s2", "body": "evidence", "checkpoint": null, "path": null}),
+    );
+    let seq2 = ax.h.host.server_seq();
+    let other = ax.ok(
+        M,
+        "_axp/memoryPropose",
+        json!({"channel": "axp-session:/s2", "title": "Another session", "trigger": format!("for {task}"),
+            "lesson": "Hidden from s1-only readers.", "outcome": "failure", "fromSeq": 1, "toSeq": seq2}),
+    );
+    ax.ok(
+        M,
+        "_axp/memoryReview",
+        json!({"channel": X, "memoryId": other["id"], "revision": other["revision"], "status": "accepted"}),
+    );
+    let all = ax.ok(O, "_axp/context", json!({"channel": X}));
+    assert_eq!(all["memoryIncluded"], 2);
+    let mut h = ax.h;
+    h.init(
+        9,
+        Principal {
+            id: "scoped".into(),
+            role: Role::Observer,
+            sessions: SessionScope::Only(["s1".to_string()].into()),
+        },
+        "c9",
+        &[],
+    );
+    let r = h.request(9, 5, "_axp/context", json!({"channel": X}));
+    assert_eq!(r["result"]["memoryIncluded"], 1, "{r}");
+    assert!(!r["result"]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("Hidden"));
+}

@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 mod axp;
 mod axp_checkpoint;
+mod axp_memory;
 mod axp_review;
 mod backpressure;
 mod schema;

@@ -144,6 +144,28 @@ fn load(name: &str) -> Value {
         "axp/verification-changed.action" => {
             include_str!("../../../schema/axp/verification-changed.action.schema.json")
         }
+        "axp/memory-propose.params" => {
+            include_str!("../../../schema/axp/memory-propose.params.schema.json")
+        }
+        "axp/memory-propose.result" => {
+            include_str!("../../../schema/axp/memory-propose.result.schema.json")
+        }
+        "axp/memory-review.params" => {
+            include_str!("../../../schema/axp/memory-review.params.schema.json")
+        }
+        "axp/memory-review.result" => {
+            include_str!("../../../schema/axp/memory-review.result.schema.json")
+        }
+        "axp/memory-search.params" => {
+            include_str!("../../../schema/axp/memory-search.params.schema.json")
+        }
+        "axp/memory-search.result" => {
+            include_str!("../../../schema/axp/memory-search.result.schema.json")
+        }
+        "axp/memory-changed.action" => {
+            include_str!("../../../schema/axp/memory-changed.action.schema.json")
+        }
+        "axp/memory.state" => include_str!("../../../schema/axp/memory.state.schema.json"),
         other => panic!("no schema named {other}"),
     };
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"))

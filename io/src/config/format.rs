@@ -240,6 +240,8 @@ raw_limits! {
     in_flight_changes_max: u32,
     held_messages_max: u32,
     held_message_bytes_max: u64,
+    memory_lessons_max: u32,
+    memory_evidence_max: u32,
     }
     driver {
         pre_auth_sockets_max: u32,

@@ -233,4 +233,24 @@ impl Store for SqliteReader {
         }
         Ok(out)
     }
+
+    fn first_channel_event_after(
+        &mut self,
+        channel: &str,
+        after: u64,
+    ) -> Result<Option<u64>, StoreError> {
+        let after =
+            i64::try_from(after).map_err(|_| StoreError("sequence number out of range".into()))?;
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq FROM events WHERE channel = ?1 AND seq > ?2 ORDER BY seq LIMIT 1",
+            )
+            .map_err(sql("preparing the first channel event query"))?;
+        let seq: Option<i64> = stmt
+            .query_row(params![channel, after], |row| row.get(0))
+            .optional()
+            .map_err(sql("reading the first channel event"))?;
+        seq.map(|s| from_i64(s, "event seq")).transpose()
+    }
 }

@@ -169,6 +169,13 @@ fn channel_events_after_uses_the_index_and_matches_the_reference_store() {
             mem.channel_events_after(channel, after).expect("mem"),
             "{channel} after {after}"
         );
+        assert_eq!(
+            store
+                .first_channel_event_after(channel, after)
+                .expect("sqlite"),
+            mem.first_channel_event_after(channel, after).expect("mem"),
+            "first on {channel} after {after}"
+        );
     }
     let seqs: Vec<u64> = store
         .channel_events_after("a", 4)

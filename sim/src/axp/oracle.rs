@@ -801,6 +801,7 @@ mod tests {
             exchanges: BTreeMap::new(),
             executors: Value::Null,
             blob_storage_bytes: 0,
+            memory: Value::Null,
         };
         for (conn, op) in [(1, "a"), (2, "b")] {
             let text = json!({"jsonrpc": "2.0", "id": 1, "method": "_axp/claim",
