@@ -283,6 +283,7 @@ struct AxpTotals {
     settlements: u64,
     checkpoints: u64,
     compactions: (u64, u64),
+    reviews: (u64, u64),
     refusals: BTreeMap<i64, u64>,
 }
 
@@ -312,6 +313,8 @@ impl AxpTotals {
         self.checkpoints += o.checkpoints;
         self.compactions.0 += o.compactions.0;
         self.compactions.1 += o.compactions.1;
+        self.reviews.0 += o.reviews.0;
+        self.reviews.1 += o.reviews.1;
         for (code, n) in &o.refusals {
             *self.refusals.entry(*code).or_default() += n;
         }
@@ -333,6 +336,10 @@ impl AxpTotals {
         println!(
             "  {:>9}  compactions proposed ({} accepted)",
             self.compactions.0, self.compactions.1
+        );
+        println!(
+            "  {:>9}  reviews submitted ({} approved)",
+            self.reviews.0, self.reviews.1
         );
         println!(
             "  {:>9}  fenced commands with a stale epoch (changed nothing)",

@@ -25,7 +25,7 @@
 //! 6. *Shape.* A lease belongs to an open session at its epoch; a reservation belongs to the
 //!    live lease's epoch and grant; a closed session has neither.
 //! 7. *Artifacts.* A review or a verification in any state names that state's checkpoint (its
-//!    head, and the review its base too); a checkpoint's base never changes once set; a
+//!    head, and the review its base and digest too); a checkpoint's base never changes once set; a
 //!    pending compaction is one revision past the context it was proposed against; the context
 //!    revision never goes back, changes only upward, never below one revealed (across failed
 //!    commits and restarts), and an accepted context's `gitHead` is the checkpoint head it was
@@ -33,6 +33,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use axhost_core::canonical::hash_object;
 use axhost_core::{AxpInspect, ConnId, Principal, Role};
 use serde_json::Value;
 
@@ -55,6 +56,8 @@ pub struct OracleStats {
     pub checkpoints: u64,
     /// Compactions proposed, and accepted, as acknowledged.
     pub compactions: (u64, u64),
+    /// Reviews submitted, and approved, as acknowledged.
+    pub reviews: (u64, u64),
     /// Commands refused, by code.
     pub refusals: BTreeMap<i64, u64>,
 }
@@ -129,7 +132,9 @@ fn role_may(role: Role, method: &str) -> bool {
         | "_axp/reserve" | "_axp/settle" | "_axp/emit" | "_axp/checkpoint" | "_axp/compact" => {
             matches!(role, Role::Maintainer | Role::Contributor)
         }
-        "_axp/acceptCompaction" => role == Role::Maintainer,
+        "_axp/acceptCompaction" | "_axp/approveReview" => role == Role::Maintainer,
+        "_axp/review" => matches!(role, Role::Maintainer | Role::Contributor),
+        "_axp/verify" => role == Role::Verifier,
         "_axp/comment" | "_axp/blobPut" => role != Role::Observer,
         _ => true,
     }
@@ -200,6 +205,16 @@ impl AxpOracle {
                         self.contested = Some((s.to_owned(), u(ex, "/epoch"), holder));
                     }
                 }
+            }
+        } else if method == "_axp/approveReview" {
+            // A maintainer signs the review it last saw; one replaced since (a later manifest
+            // of the same checkpoint) makes its signature wrong for the current one, -32602.
+            if let Some(ex) = session.and_then(|s| inspect().exchanges.get(s).cloned()) {
+                let current = &ex["review"]["manifest"];
+                let signed = &params["signature"]["signature"];
+                invalid_ok = current.is_object()
+                    && crate::axp::actors::signing::sign_as(&principal, current)["signature"]
+                        != *signed;
             }
         } else if FENCED.contains(&method) {
             let epoch = params.get("epoch").and_then(Value::as_u64);
@@ -419,6 +434,8 @@ impl AxpOracle {
             "_axp/close" => self.stats.closes += 1,
             "_axp/compact" => self.stats.compactions.0 += 1,
             "_axp/acceptCompaction" => self.stats.compactions.1 += 1,
+            "_axp/review" => self.stats.reviews.0 += 1,
+            "_axp/approveReview" => self.stats.reviews.1 += 1,
             "_axp/claim" => {
                 let epoch = u(result, "/epoch");
                 let winner = Winner {
@@ -570,6 +587,7 @@ fn artifacts(id: &str, ex: &Value) -> Result<(), String> {
         if checkpoint.is_null()
             || m["headCommit"] != checkpoint["headCommit"]
             || m["baseCommit"] != checkpoint["baseCommit"]
+            || m["checkpointDigest"] != hash_object(checkpoint).as_str()
         {
             return Err(format!(
                 "{id}: review of {}..{} beside checkpoint {checkpoint}",
@@ -741,9 +759,15 @@ mod tests {
     #[test]
     fn reviews_and_verifications_name_the_current_checkpoint() {
         let cp = json!({"baseCommit": "a", "headCommit": "b"});
-        let ok = json!({"checkpoint": cp, "review": {"manifest": {"baseCommit": "a", "headCommit": "b"}},
+        let digest = hash_object(&cp);
+        let ok = json!({"checkpoint": cp, "review": {"manifest": {"baseCommit": "a", "headCommit": "b",
+                        "checkpointDigest": digest}},
                         "verification": {"headCommit": "b"}, "compaction": null});
         assert!(artifacts("s", &ok).is_ok());
+        // The same head recorded again (another bundle, another time) is another checkpoint.
+        let mut redone = ok.clone();
+        redone["checkpoint"]["createdAt"] = json!(5);
+        assert!(artifacts("s", &redone).is_err());
         let mut stale = ok.clone();
         stale["checkpoint"]["headCommit"] = json!("c");
         assert!(artifacts("s", &stale).is_err());

@@ -1,5 +1,5 @@
 //! The executor role: register, grant, claim, renew, reserve, emit, settle, release, and between
-//! turns blobs, checkpoints and compaction proposals.
+//! turns blobs, checkpoints, compaction proposals and signed reviews of its checkpoints.
 
 use serde_json::{json, Value};
 
@@ -142,6 +142,11 @@ impl Actor {
             let p = json!({"channel": self.exchange(&held.session), "data": data,
                            "mediaType": "application/octet-stream"});
             return self.mutate("_axp/blobPut", p);
+        }
+        if self.checkpointed.contains(&held.session) && self.chance(1, 3) {
+            // Review: read the export, then sign what it shows (see `on_executor_answer`).
+            let p = json!({"channel": self.exchange(&held.session)});
+            return self.send("_axp/export", p);
         }
         if self.chance(1, 3) {
             let (revision, through) = board.contexts.get(&held.session).copied().unwrap_or((0, 0));
@@ -309,6 +314,20 @@ impl Actor {
             }
             ("_axp/revoke", Some(_)) => {
                 self.granted.remove(&session);
+            }
+            ("_axp/checkpoint", Some(_)) => {
+                self.checkpointed.insert(session);
+            }
+            // The export a review is built from: signed and sent while this executor still
+            // believes it holds the session (the lease or the checkpoint may have moved on).
+            ("_axp/export", Some(archive))
+                if self.held.as_ref().is_some_and(|h| h.session == session) =>
+            {
+                if let Some(manifest) = super::signing::manifest(archive) {
+                    let p = json!({"channel": self.exchange(&session),
+                        "contributor": self.sign(&manifest), "manifest": manifest});
+                    self.mutate("_axp/review", p);
+                }
             }
             ("_axp/claim", Some(lease)) => {
                 let epoch = lease.get("epoch").and_then(Value::as_u64).unwrap_or(0);

@@ -1,4 +1,5 @@
-//! The maintainer role: sessions, turns, steering, comments, compactions, closes.
+//! The maintainer role: sessions, turns, steering, comments, compactions, review approvals,
+//! closes.
 
 use serde_json::{json, Value};
 
@@ -64,6 +65,15 @@ impl Actor {
                 };
                 let p = json!({"channel": format!("axp-session:/{session}"), "proposalId": id});
                 self.mutate("_axp/acceptCompaction", p);
+            }
+            18..=19 => {
+                // Approve the review observers last saw, with this maintainer's own key.
+                let Some(manifest) = board.reviews.get(&session).cloned() else {
+                    return;
+                };
+                let p = json!({"channel": format!("axp-session:/{session}"),
+                               "signature": self.sign(&manifest)});
+                self.mutate("_axp/approveReview", p);
             }
             15 => {
                 // An executor command on a session with no grant of ours: refused, not invalid.

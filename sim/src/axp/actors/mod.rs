@@ -5,14 +5,15 @@
 //!   grants itself a budget on a session, claims the session's lease (with `resumeEpoch`
 //!   after it lost one), renews on its heartbeat (sometimes late, so leases expire), reserves
 //!   the maintainers' turns, streams output, and settles with reported usage, an overspend or
-//!   nothing. Between turns it uploads blobs, records Git checkpoints over them and proposes
-//!   compactions. Now and then it releases, revokes its own grant, or sends a fenced command
+//!   nothing. Between turns it uploads blobs, records Git checkpoints over them, proposes
+//!   compactions, and reviews its checkpoint: it reads the export and signs a manifest of the
+//!   checkpoint and the trace it shows, racing new checkpoints and lease changes. Now and then it releases, revokes its own grant, or sends a fenced command
 //!   with a stale epoch. Every mutation whose answer a cut connection swallowed is sent again,
 //!   byte for byte (same `operationId`), as the first thing on the next connection; some are
 //!   sent twice on purpose.
 //! - A **maintainer** creates sessions, starts turns (`dispatchAction` and `_axp/dispatch`),
-//!   steers and queues messages, cancels turns, comments, accepts pending compactions and,
-//!   rarely, closes a session.
+//!   steers and queues messages, cancels turns, comments, accepts pending compactions,
+//!   approves reviews with its own key and, rarely, closes a session.
 //! - An **observer** mirrors `axp-executors://` and every session's exchange with the
 //!   reducer in [`crate::axp::replica`], and tries commands its role may not run.
 //!
@@ -32,6 +33,7 @@ use crate::axp::replica::{Mirror, EXECUTORS};
 mod executor;
 mod maintainer;
 mod observer;
+pub(crate) mod signing;
 
 /// What a role is.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -82,6 +84,9 @@ pub struct Board {
     pub contexts: BTreeMap<String, (u64, u64)>,
     /// Each session's pending compaction proposal id, as observers last saw it.
     pub proposals: BTreeMap<String, String>,
+    /// Each session's review still waiting for a maintainer: its manifest, as observers last
+    /// saw it.
+    pub reviews: BTreeMap<String, Value>,
 }
 
 /// Draws an actor's behaviour.
@@ -132,6 +137,8 @@ pub struct Actor {
     tried: BTreeSet<String>,
     /// Blob references this executor uploaded, by session (what its checkpoints name).
     blobs: BTreeMap<String, Vec<Value>>,
+    /// Sessions this executor recorded a checkpoint on (what it may review).
+    checkpointed: BTreeSet<String>,
     // Maintainer.
     client_seq: u64,
     turns_started: u64,
@@ -179,6 +186,7 @@ impl Actor {
             work: None,
             tried: BTreeSet::new(),
             blobs: BTreeMap::new(),
+            checkpointed: BTreeSet::new(),
             client_seq: 0,
             turns_started: 0,
             mirrors: BTreeMap::new(),
@@ -430,6 +438,14 @@ impl Actor {
                 Some(id) => board.proposals.insert(session.to_owned(), id.to_owned()),
                 None => board.proposals.remove(session),
             };
+            let review = &m.state["review"];
+            if review.is_object() && review["maintainer"].is_null() {
+                board
+                    .reviews
+                    .insert(session.to_owned(), review["manifest"].clone());
+            } else {
+                board.reviews.remove(session);
+            }
         }
         Ok(())
     }
