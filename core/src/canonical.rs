@@ -5,6 +5,11 @@
 //! the bytes must be JavaScript's: object keys sorted by UTF-16 code units (what
 //! `Array.prototype.sort` compares), strings escaped as `JSON.stringify` escapes them, and
 //! numbers spelled as JavaScript spells a double (`100`, not `100.0`; `1e+21`; `1e-7`).
+//!
+//! `core/testdata/canonical/vectors.json` holds what Node.js writes for 41 tricky inputs
+//! (`vectors.mjs` beside it regenerates them); a test checks every one byte for byte. Numbers
+//! must also be *read* as JavaScript reads them, correctly rounded: the core builds
+//! `serde_json` with `float_roundtrip` for that.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -174,6 +179,41 @@ mod tests {
     fn strings_escape_as_json_stringify() {
         let v = json!("a\"b\\c\n\u{1}\u{7f}é/");
         assert_eq!(canonical(&v), "\"a\\\"b\\\\c\\n\\u0001\u{7f}é/\"");
+    }
+
+    /// Inputs the host never hashes: text `serde_json` refuses to read, so no request that
+    /// carries them gets as far as canonical JSON (JavaScript would hash lone surrogates as
+    /// escapes and throws on numbers beyond a double).
+    const REFUSED: [&str; 4] = [
+        "a lone high surrogate",
+        "a lone low surrogate",
+        "a lone surrogate in a key",
+        "a number beyond a double",
+    ];
+
+    #[test]
+    fn every_vector_javascript_wrote_matches_byte_for_byte() {
+        let file: Value =
+            serde_json::from_str(include_str!("../testdata/canonical/vectors.json")).expect("json");
+        let vectors = file["vectors"].as_array().expect("vectors");
+        assert!(vectors.len() >= 40, "{} vectors", vectors.len());
+        let mut refused = Vec::new();
+        for v in vectors {
+            let name = v["name"].as_str().expect("name");
+            let input = v["input"].as_str().expect("input");
+            let Ok(value) = serde_json::from_str::<Value>(input) else {
+                refused.push(name);
+                continue;
+            };
+            let want = v["canonical"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: {v}"));
+            let got = canonical(&value);
+            assert_eq!(got, want, "{name}");
+            assert_eq!(sha256_hex(got.as_bytes()), v["sha256"], "{name}");
+            assert_eq!(hash_object(&value), v["sha256"], "{name}");
+        }
+        assert_eq!(refused, REFUSED);
     }
 
     #[test]

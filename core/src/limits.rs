@@ -215,6 +215,11 @@ pub const SERVICES_MAX: usize = 2048;
 /// the history keeps every event).
 pub const DISCUSSION_MAX: usize = 256;
 
+/// Principals that may hold an AXP signing key (`_axp/review`, `_axp/approveReview`); a new
+/// principal's first signature gets `-32043` above. Principals come from the configuration, so
+/// this is never reached in practice; it bounds the table the host loads at start whatever the
+/// configuration's history. The AXP host has no such bound.
+pub const SIGNING_KEYS_MAX: usize = 10_000;
 /// Largest state of `axp-memory://` the host sends as one snapshot (bytes of JSON, as an
 /// export's bound): subscribing to a larger memory (or naming it in `initialize`) gets
 /// `-32043`, and `reconnect` lists it as missing. Maintainers then recall lessons with

@@ -281,6 +281,9 @@ struct AxpTotals {
     claims: u64,
     replays: u64,
     settlements: u64,
+    checkpoints: u64,
+    compactions: (u64, u64),
+    reviews: (u64, u64),
     refusals: BTreeMap<i64, u64>,
 }
 
@@ -307,6 +310,11 @@ impl AxpTotals {
         self.claims += o.claims;
         self.replays += o.replays;
         self.settlements += o.settlements;
+        self.checkpoints += o.checkpoints;
+        self.compactions.0 += o.compactions.0;
+        self.compactions.1 += o.compactions.1;
+        self.reviews.0 += o.reviews.0;
+        self.reviews.1 += o.reviews.1;
         for (code, n) in &o.refusals {
             *self.refusals.entry(*code).or_default() += n;
         }
@@ -324,6 +332,15 @@ impl AxpTotals {
         println!("  {:>9}  host states checked", self.states);
         println!("  {:>9}  claims won", self.claims);
         println!("  {:>9}  settlements revealed", self.settlements);
+        println!("  {:>9}  checkpoints recorded", self.checkpoints);
+        println!(
+            "  {:>9}  compactions proposed ({} accepted)",
+            self.compactions.0, self.compactions.1
+        );
+        println!(
+            "  {:>9}  reviews submitted ({} approved)",
+            self.reviews.0, self.reviews.1
+        );
         println!(
             "  {:>9}  fenced commands with a stale epoch (changed nothing)",
             self.stale

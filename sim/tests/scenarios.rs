@@ -965,4 +965,24 @@ mod axp {
         assert!(total(&r, |r| r.oracle.closes) > 0, "no session was closed");
         assert!(total(&r, |r| r.oracle.claims) > 0);
     }
+
+    #[test]
+    fn axp_reviews_and_approvals_race_new_checkpoints_and_name_the_current_one() {
+        // Two maintainers and two executors on one session: reviews race checkpoints, lease
+        // changes and each other's approvals; the artifact oracle checks every state.
+        let r = runs(|o| {
+            o.actors = (2, 2, 1);
+            o.sessions = vec!["a0".into()];
+            o.duration_ms = 40_000;
+        });
+        assert!(total(&r, |r| r.oracle.checkpoints) > 0, "no checkpoint");
+        assert!(
+            total(&r, |r| r.oracle.reviews.0) > 0,
+            "no review was accepted"
+        );
+        assert!(
+            total(&r, |r| r.oracle.reviews.1) > 0,
+            "no review was approved"
+        );
+    }
 }

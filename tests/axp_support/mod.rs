@@ -49,7 +49,12 @@ pub const PART1: &[&str] = &[
 ];
 
 /// The read commands: they take no `operationId`.
-pub const READS: &[&str] = &["_axp/export", "_axp/blobGet"];
+pub const READS: &[&str] = &[
+    "_axp/export",
+    "_axp/blobGet",
+    "_axp/context",
+    "_axp/memorySearch",
+];
 
 // ─── Principals ──────────────────────────────────────────────────────────────
 

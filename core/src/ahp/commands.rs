@@ -61,18 +61,20 @@ fn modified_ms(iso: &str) -> i64 {
         .unwrap_or(0)
 }
 
-/// The `modifiedAt` listSessions shows and sorts by, in ms: the chat's, or the newest AXP
-/// comment's when that is later (as the reference lists sessions; root notifications follow
-/// the chat only, as there).
+/// The `modifiedAt` listSessions shows and sorts by, in ms: the latest of the chat's, the
+/// checkpoint's, the verification's and the newest AXP comment's (as the reference lists
+/// sessions; root notifications follow the chat only, as there).
 fn listed_ms(e: &SessionEntry) -> i64 {
     let chat = modified_ms(e.modified_at());
-    let comment = e
-        .exchange
-        .discussion
-        .as_ref()
-        .and_then(|d| d.last())
-        .map_or(0, |c| i64::try_from(c.created_at).unwrap_or(i64::MAX));
-    chat.max(comment)
+    let ex = &e.exchange;
+    let comment = ex.discussion.as_ref().and_then(|d| d.last());
+    let axp = [
+        ex.checkpoint.as_ref().map(|c| c.created_at),
+        ex.verification.as_ref().map(|v| v.verified_at),
+        comment.map(|c| c.created_at),
+    ];
+    let axp = axp.into_iter().flatten().max().unwrap_or(0);
+    chat.max(i64::try_from(axp).unwrap_or(i64::MAX))
 }
 
 impl Sessions {

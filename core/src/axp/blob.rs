@@ -14,10 +14,11 @@ use std::collections::BTreeMap;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::ahp::sessions::Sessions;
 use crate::axp::params::{valid_digest, BlobGetParams, BlobPutParams};
+use crate::axp::state::BlobRef;
 use crate::axp::{commit_and_broadcast, encode_uri_component, json_text, session_of, Done, Op};
 use crate::channel::exchange_uri;
 use crate::error::RpcError;
@@ -255,6 +256,52 @@ impl Blobs {
     }
 }
 
+/// Every object inside `value` with a `uri` must reference a blob of this session (`prefix`
+/// is `axp-blob:/<encoded exchange>/`) that the session may read.
+pub(crate) fn check_refs(
+    value: &Value,
+    prefix: &str,
+    has_blob: &dyn Fn(&str) -> bool,
+) -> Result<(), RpcError> {
+    match value {
+        Value::Array(items) => items
+            .iter()
+            .try_for_each(|v| check_refs(v, prefix, has_blob)),
+        Value::Object(map) => {
+            if let Some(uri) = map.get("uri") {
+                let digest = uri.as_str().and_then(|u| u.strip_prefix(prefix));
+                let Some(digest) = digest else {
+                    return Err(RpcError::forbidden(
+                        "Executor content references must use session-owned blobs",
+                    ));
+                };
+                let digest = digest.rsplit('/').next().unwrap_or(digest);
+                if !has_blob(digest) {
+                    return Err(RpcError::forbidden("Unknown content reference"));
+                }
+            }
+            map.values()
+                .try_for_each(|v| check_refs(v, prefix, has_blob))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `Ok` when `r` names blob `r.sha256` of `exchange` by its exact URI and size (the media
+/// type is the client's label and is not compared, as the reference does not).
+pub(crate) fn check_blob(blobs: &Blobs, exchange: &str, r: &BlobRef) -> Result<(), RpcError> {
+    let owned = blobs.has(exchange, &r.sha256)
+        && blobs.stored.get(&r.sha256).map(|s| s.0) == Some(r.size)
+        && r.uri == blob_uri(exchange, &r.sha256);
+    if owned {
+        Ok(())
+    } else {
+        Err(RpcError::forbidden(
+            "Blob reference is missing or outside the session",
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,5 +330,22 @@ mod tests {
             blob_uri("axp-session:/s-1.a_b", "ab"),
             "axp-blob:/axp-session%3A%2Fs-1.a_b/ab"
         );
+    }
+
+    #[test]
+    fn references_must_name_this_sessions_blobs() {
+        let prefix = "axp-blob:/axp-session%3A%2Fs/";
+        let d = "a".repeat(64);
+        let ok = json!({"part": {"uri": format!("{prefix}{d}")}});
+        let has = |x: &str| x == d;
+        assert!(check_refs(&ok, prefix, &has).is_ok());
+        let other = json!([{"uri": format!("axp-blob:/axp-session%3A%2Fother/{d}")}]);
+        assert_eq!(
+            check_refs(&other, prefix, &has).map_err(|e| e.code),
+            Err(crate::error::PERMISSION_DENIED)
+        );
+        let unknown = json!({"x": {"uri": format!("{prefix}{}", "b".repeat(64))}});
+        assert!(check_refs(&unknown, prefix, &has).is_err());
+        assert!(check_refs(&json!({"uri": 5}), prefix, &has).is_err());
     }
 }

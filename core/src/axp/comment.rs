@@ -3,8 +3,6 @@
 //! a turn. The host assigns the author and the time; the `operationId` is the comment's id, so
 //! a retried post never duplicates.
 
-use serde_json::Value;
-
 use crate::ahp::tx::Tx;
 use crate::axp::json_text;
 use crate::axp::params::CommentParams;
@@ -32,11 +30,7 @@ pub(crate) fn comment<S: Store>(
             "Discussion limit reached; the full history remains available",
         ));
     }
-    let head = ex
-        .checkpoint
-        .as_ref()
-        .and_then(|c| c.get("headCommit"))
-        .and_then(Value::as_str);
+    let head = ex.checkpoint.as_ref().map(|c| c.head_commit.as_str());
     if p.checkpoint.is_some() && p.checkpoint.as_deref() != head {
         return Err(RpcError::conflict(
             "The checkpoint changed; refresh before commenting",

@@ -11,6 +11,7 @@ use serde_json::Value;
 use crate::ahp::session::{response_cost, SessionChannel};
 use crate::ahp::sessions::Sessions;
 use crate::ahp::tx::Tx;
+use crate::axp::blob::check_refs;
 use crate::axp::lease::fenced;
 use crate::axp::params::EmitParams;
 use crate::axp::turn::{chat_room, is_executor_action, read_action, sync_chat, tool};
@@ -183,59 +184,5 @@ fn check_output(tx: &Tx, raw: &Value, action: &StateAction) -> Result<(), RpcErr
             Ok(())
         }
         _ => Ok(()),
-    }
-}
-
-/// Every object inside `value` with a `uri` must reference a blob of this session (`prefix`
-/// is `axp-blob:/<encoded exchange>/`) that the session may read.
-fn check_refs(
-    value: &Value,
-    prefix: &str,
-    has_blob: &dyn Fn(&str) -> bool,
-) -> Result<(), RpcError> {
-    match value {
-        Value::Array(items) => items
-            .iter()
-            .try_for_each(|v| check_refs(v, prefix, has_blob)),
-        Value::Object(map) => {
-            if let Some(uri) = map.get("uri") {
-                let digest = uri.as_str().and_then(|u| u.strip_prefix(prefix));
-                let Some(digest) = digest else {
-                    return Err(RpcError::forbidden(
-                        "Executor content references must use session-owned blobs",
-                    ));
-                };
-                let digest = digest.rsplit('/').next().unwrap_or(digest);
-                if !has_blob(digest) {
-                    return Err(RpcError::forbidden("Unknown content reference"));
-                }
-            }
-            map.values()
-                .try_for_each(|v| check_refs(v, prefix, has_blob))
-        }
-        _ => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn references_must_name_this_sessions_blobs() {
-        let prefix = "axp-blob:/axp-session%3A%2Fs/";
-        let d = "a".repeat(64);
-        let ok = json!({"part": {"uri": format!("{prefix}{d}")}});
-        let has = |x: &str| x == d;
-        assert!(check_refs(&ok, prefix, &has).is_ok());
-        let other = json!([{"uri": format!("axp-blob:/axp-session%3A%2Fother/{d}")}]);
-        assert_eq!(
-            check_refs(&other, prefix, &has).map_err(|e| e.code),
-            Err(crate::error::PERMISSION_DENIED)
-        );
-        let unknown = json!({"x": {"uri": format!("{prefix}{}", "b".repeat(64))}});
-        assert!(check_refs(&unknown, prefix, &has).is_err());
-        assert!(check_refs(&json!({"uri": 5}), prefix, &has).is_err());
     }
 }

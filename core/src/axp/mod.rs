@@ -17,7 +17,9 @@
 
 pub(crate) mod blob;
 pub(crate) mod budget;
+pub(crate) mod checkpoint;
 pub(crate) mod comment;
+pub(crate) mod context;
 pub(crate) mod emit;
 pub(crate) mod executors;
 pub(crate) mod export;
@@ -25,8 +27,12 @@ pub(crate) mod lease;
 pub(crate) mod memory;
 pub(crate) mod params;
 pub(crate) mod reducer;
+pub(crate) mod review;
+pub(crate) mod signature;
+pub(crate) mod signing_keys;
 pub(crate) mod state;
 pub(crate) mod turn;
+pub(crate) mod verification;
 
 use std::sync::Arc;
 
@@ -39,6 +45,7 @@ use crate::axp::executors::Executors;
 use crate::axp::memory::Memory;
 use crate::axp::params::{DispatchParams, Params};
 use crate::axp::reducer::AxpAction;
+use crate::axp::signing_keys::SigningKeys;
 use crate::channel::ChannelRef;
 use crate::error::{RpcError, METHOD_NOT_FOUND};
 use crate::log::change::StoredRecord;
@@ -74,6 +81,13 @@ pub(crate) enum Method {
     Export,
     BlobPut,
     BlobGet,
+    Checkpoint,
+    Compact,
+    AcceptCompaction,
+    Context,
+    Review,
+    ApproveReview,
+    Verify,
     MemoryPropose,
     MemoryReview,
     MemorySearch,
@@ -98,6 +112,13 @@ pub(crate) const METHODS: &[(&str, Method)] = &[
     ("_axp/export", Method::Export),
     ("_axp/blobPut", Method::BlobPut),
     ("_axp/blobGet", Method::BlobGet),
+    ("_axp/checkpoint", Method::Checkpoint),
+    ("_axp/compact", Method::Compact),
+    ("_axp/acceptCompaction", Method::AcceptCompaction),
+    ("_axp/context", Method::Context),
+    ("_axp/review", Method::Review),
+    ("_axp/approveReview", Method::ApproveReview),
+    ("_axp/verify", Method::Verify),
     ("_axp/memoryPropose", Method::MemoryPropose),
     ("_axp/memoryReview", Method::MemoryReview),
     ("_axp/memorySearch", Method::MemorySearch),
@@ -184,6 +205,7 @@ pub(crate) fn encode_uri_component(s: &str) -> String {
 pub(crate) struct Axp {
     pub(crate) executors: Executors,
     pub(crate) blobs: Blobs,
+    pub(crate) signing_keys: SigningKeys,
     /// Repository memory, `axp-memory://`.
     pub(crate) memory: Memory,
 }
@@ -195,6 +217,7 @@ impl Axp {
         Ok(Axp {
             executors: Executors::load(records)?,
             blobs: Blobs::load(records)?,
+            signing_keys: SigningKeys::load(records)?,
             memory: Memory::load(records, seed)?,
         })
     }
@@ -270,6 +293,25 @@ impl Axp {
         match p {
             Params::Export(p) => export::export(k, sessions, session_of(&p.channel)?),
             Params::BlobGet(p) => self.blobs.get(k, p),
+            Params::Context(p) => {
+                let id = session_of(&p.channel)?;
+                let entry = sessions
+                    .get(id)
+                    .ok_or_else(|| RpcError::not_found("Unknown channel"))?;
+                // The five lessons recalled by the task, of those the caller may read.
+                let can_read = |session: &str| memory::can_read_evidence(principal, session);
+                let (lessons, total) =
+                    self.memory
+                        .search(sessions.repository(), &entry.exchange.task, 5, &can_read);
+                let rendered: Vec<String> = lessons.iter().map(|l| context::lesson(l)).collect();
+                let text = context::render(&entry.exchange, &entry.chat, &rendered, p.max_chars)?;
+                Ok(context::answer(
+                    &entry.exchange,
+                    text,
+                    total,
+                    rendered.len(),
+                ))
+            }
             Params::MemorySearch(p) => Ok(self.memory.search_command(sessions, principal, p)),
             _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
         }
@@ -332,6 +374,17 @@ impl Axp {
                 emit::emit(k, sessions, &mut tx, principal, p, &has)
             }
             Params::Comment(p) => comment::comment(k, &mut tx, principal, p),
+            Params::Checkpoint(p) => checkpoint::checkpoint(k, &mut tx, &self.blobs, principal, p),
+            Params::Compact(p) => context::compact(k, &mut tx, principal, p),
+            Params::AcceptCompaction(p) => context::accept(&mut tx, principal, p),
+            Params::Review(p) => {
+                let keys = &mut self.signing_keys;
+                review::review(k, &mut tx, keys, &mut extra, principal, p)
+            }
+            Params::ApproveReview(p) => {
+                review::approve(&mut tx, &mut self.signing_keys, &mut extra, principal, p)
+            }
+            Params::Verify(p) => verification::verify(k, &mut tx, &self.blobs, principal, p),
             _ => Err(RpcError::new(METHOD_NOT_FOUND, "Unknown method")),
         };
         let result = match built {

@@ -13,7 +13,9 @@ use crate::axp::memory::params::{
     check_propose, check_review, check_search, MemoryProposeParams, MemoryReviewParams,
     MemorySearchParams,
 };
-use crate::axp::state::{Allowance, Enforcement, Placement, Usage};
+use crate::axp::review::{read_approve, read_review, ApproveReviewParams, ReviewParams};
+use crate::axp::state::{Allowance, BlobRef, Checkpoint, Enforcement, Placement, Usage};
+use crate::axp::verification::{read_verify, VerifyParams};
 use crate::axp::Method;
 use crate::channel::valid_id;
 use crate::error::RpcError;
@@ -30,6 +32,13 @@ pub(crate) const EMIT_ACTIONS_MAX: usize = 64;
 /// Longest `_axp/blobPut` data, in base64 characters (the reference's bound; the blob size
 /// limit applies to the decoded bytes).
 pub(crate) const BLOB_DATA_CHARS_MAX: usize = 24_000_000;
+
+/// Most files one `_axp/checkpoint` lists.
+pub(crate) const CHECKPOINT_FILES_MAX: usize = 2_000;
+/// `_axp/context`'s `maxChars`: its range and default, in UTF-16 code units.
+pub(crate) const CONTEXT_CHARS_MIN: u64 = 1_024;
+pub(crate) const CONTEXT_CHARS_MAX: u64 = 200_000;
+pub(crate) const CONTEXT_CHARS_DEFAULT: u64 = 64_000;
 
 /// A key that must be present even when it is `null` (serde takes a missing `Option` as
 /// `None` unless told otherwise).
@@ -55,6 +64,13 @@ pub(crate) enum Params {
     Export(ExportParams),
     BlobPut(BlobPutParams),
     BlobGet(BlobGetParams),
+    Checkpoint(CheckpointParams),
+    Compact(CompactParams),
+    AcceptCompaction(AcceptCompactionParams),
+    Context(ContextParams),
+    Review(ReviewParams),
+    ApproveReview(ApproveReviewParams),
+    Verify(VerifyParams),
     MemoryPropose(MemoryProposeParams),
     MemoryReview(MemoryReviewParams),
     MemorySearch(MemorySearchParams),
@@ -204,6 +220,49 @@ pub(crate) struct BlobGetParams {
     pub(crate) digest: String,
 }
 
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct CheckpointParams {
+    pub(crate) channel: String,
+    pub(crate) operation_id: String,
+    pub(crate) epoch: u64,
+    pub(crate) checkpoint: Checkpoint,
+    pub(crate) files: Vec<Value>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct CompactParams {
+    pub(crate) channel: String,
+    pub(crate) operation_id: String,
+    pub(crate) expected_revision: u64,
+    pub(crate) through_turn: u64,
+    /// Stored as sent (untrimmed), as the reference stores it.
+    pub(crate) summary: String,
+    pub(crate) decisions: Vec<String>,
+    pub(crate) active_files: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct AcceptCompactionParams {
+    pub(crate) channel: String,
+    pub(crate) operation_id: String,
+    pub(crate) proposal_id: String,
+}
+
+fn default_max_chars() -> u64 {
+    CONTEXT_CHARS_DEFAULT
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct ContextParams {
+    pub(crate) channel: String,
+    #[serde(default = "default_max_chars")]
+    pub(crate) max_chars: u64,
+}
+
 /// Length as JavaScript counts it (UTF-16 code units).
 pub(crate) fn js_len(s: &str) -> usize {
     s.encode_utf16().count()
@@ -215,7 +274,7 @@ pub(crate) fn valid_digest(s: &str) -> bool {
 }
 
 /// Whether `s` is a git object name: 40 or 64 lowercase hex digits.
-fn valid_sha(s: &str) -> bool {
+pub(crate) fn valid_sha(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
@@ -260,6 +319,29 @@ impl Check {
             js_len(s) <= max,
             &format!("{field} must be at most {max} characters"),
         );
+    }
+    fn blob_ref(&mut self, r: &BlobRef, field: &str) {
+        self.max_len(&r.uri, 512, &format!("{field}.uri"));
+        self.that(
+            valid_digest(&r.sha256),
+            &format!("{field}.sha256 is not a SHA-256 digest"),
+        );
+        self.count(r.size, &format!("{field}.size"));
+        self.max_len(&r.media_type, 128, &format!("{field}.mediaType"));
+    }
+    fn checkpoint(&mut self, k: &Checkpoint) {
+        self.that(
+            valid_sha(&k.base_commit),
+            "checkpoint.baseCommit is not a commit id",
+        );
+        self.that(
+            valid_sha(&k.head_commit),
+            "checkpoint.headCommit is not a commit id",
+        );
+        self.max_len(&k.branch, 256, "checkpoint.branch");
+        self.blob_ref(&k.bundle, "checkpoint.bundle");
+        self.blob_ref(&k.patch, "checkpoint.patch");
+        self.count(k.created_at, "checkpoint.createdAt");
     }
     fn done(self) -> Result<(), RpcError> {
         match self.0.first() {
@@ -422,6 +504,61 @@ pub(crate) fn parse(method: Method, text: &str) -> Result<Params, RpcError> {
             c.that(valid_digest(&p.digest), "digest is not a SHA-256 digest");
             Params::BlobGet(p)
         }
+        Method::Checkpoint => {
+            let p: CheckpointParams = decode(text)?;
+            c.id(&p.operation_id, "operationId");
+            c.channel(&p.channel);
+            c.count(p.epoch, "epoch");
+            c.checkpoint(&p.checkpoint);
+            c.that(
+                p.files.len() <= CHECKPOINT_FILES_MAX,
+                "files must hold at most 2000 entries",
+            );
+            Params::Checkpoint(p)
+        }
+        Method::Compact => {
+            let p: CompactParams = decode(text)?;
+            c.id(&p.operation_id, "operationId");
+            c.channel(&p.channel);
+            c.count(p.expected_revision, "expectedRevision");
+            c.count(p.through_turn, "throughTurn");
+            c.max_len(&p.summary, 24_000, "summary");
+            c.that(
+                p.decisions.len() <= 32,
+                "decisions must hold at most 32 entries",
+            );
+            for d in &p.decisions {
+                c.max_len(d, 2_000, "decisions[]");
+            }
+            c.that(
+                p.active_files.len() <= 64,
+                "activeFiles must hold at most 64 entries",
+            );
+            for f in &p.active_files {
+                c.max_len(f, 512, "activeFiles[]");
+            }
+            Params::Compact(p)
+        }
+        Method::AcceptCompaction => {
+            let p: AcceptCompactionParams = decode(text)?;
+            c.id(&p.operation_id, "operationId");
+            c.channel(&p.channel);
+            c.id(&p.proposal_id, "proposalId");
+            Params::AcceptCompaction(p)
+        }
+        Method::Context => {
+            let p: ContextParams = decode(text)?;
+            c.channel(&p.channel);
+            c.that(
+                (CONTEXT_CHARS_MIN..=CONTEXT_CHARS_MAX).contains(&p.max_chars),
+                "maxChars must be an integer from 1024 to 200000",
+            );
+            Params::Context(p)
+        }
+        // Checked where they are handled (review.rs, verification.rs).
+        Method::Review => Params::Review(read_review(text)?),
+        Method::ApproveReview => Params::ApproveReview(read_approve(text)?),
+        Method::Verify => Params::Verify(read_verify(text)?),
         Method::MemoryPropose => {
             let p: MemoryProposeParams = decode(text)?;
             c.id(&p.operation_id, "operationId");
@@ -465,6 +602,13 @@ impl Params {
             Params::Export(p) => &p.channel,
             Params::BlobPut(p) => &p.channel,
             Params::BlobGet(p) => &p.channel,
+            Params::Checkpoint(p) => &p.channel,
+            Params::Compact(p) => &p.channel,
+            Params::AcceptCompaction(p) => &p.channel,
+            Params::Context(p) => &p.channel,
+            Params::Review(p) => &p.channel,
+            Params::ApproveReview(p) => &p.channel,
+            Params::Verify(p) => &p.channel,
             Params::MemoryPropose(p) => &p.channel,
             Params::MemoryReview(p) => &p.channel,
             Params::MemorySearch(p) => &p.channel,
@@ -486,9 +630,18 @@ impl Params {
             Params::Settle(p) => &p.operation_id,
             Params::Emit(p) => &p.operation_id,
             Params::BlobPut(p) => &p.operation_id,
+            Params::Checkpoint(p) => &p.operation_id,
+            Params::Compact(p) => &p.operation_id,
+            Params::AcceptCompaction(p) => &p.operation_id,
+            Params::Review(p) => &p.operation_id,
+            Params::ApproveReview(p) => &p.operation_id,
+            Params::Verify(p) => &p.operation_id,
             Params::MemoryPropose(p) => &p.operation_id,
             Params::MemoryReview(p) => &p.operation_id,
-            Params::Export(_) | Params::BlobGet(_) | Params::MemorySearch(_) => return None,
+            Params::Export(_)
+            | Params::BlobGet(_)
+            | Params::Context(_)
+            | Params::MemorySearch(_) => return None,
         })
     }
 

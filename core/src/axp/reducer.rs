@@ -9,12 +9,11 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::axp::memory::entry::MemoryEntry;
 use crate::axp::state::{
-    Context, DiscussionComment, ExchangeState, ExecutorInfo, Grant, Lease, Reservation, Status,
-    Usage, UsageEntry,
+    Checkpoint, CompactionProposal, Context, DiscussionComment, ExchangeState, ExecutorInfo, Grant,
+    Lease, Reservation, Review, Status, Usage, UsageEntry, Verification,
 };
 
 /// Every AXP action, tagged by `type` as the wire spells it.
@@ -40,15 +39,15 @@ pub(crate) enum AxpAction {
     #[serde(rename = "_axp/commentAdded")]
     CommentAdded { comment: DiscussionComment },
     #[serde(rename = "_axp/checkpointChanged")]
-    CheckpointChanged { checkpoint: Value },
+    CheckpointChanged { checkpoint: Checkpoint },
     #[serde(rename = "_axp/compactionProposed")]
-    CompactionProposed { proposal: Value },
+    CompactionProposed { proposal: CompactionProposal },
     #[serde(rename = "_axp/contextChanged")]
     ContextChanged { context: Context },
     #[serde(rename = "_axp/reviewChanged")]
-    ReviewChanged { review: Value },
+    ReviewChanged { review: Review },
     #[serde(rename = "_axp/verificationChanged")]
-    VerificationChanged { verification: Value },
+    VerificationChanged { verification: Verification },
     #[serde(rename = "_axp/executorChanged")]
     ExecutorChanged { executor: ExecutorInfo },
     #[serde(rename = "_axp/memoryChanged")]
@@ -150,6 +149,7 @@ pub(crate) fn reduce_executors(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::axp::state::{BlobRef, SeqRange};
     use serde_json::json;
 
     #[test]
@@ -181,19 +181,50 @@ mod tests {
         assert!(text.starts_with(r#"{"type":"_axp/reserved","reservation":{"turnId":"t""#));
     }
 
+    fn blob(n: char) -> BlobRef {
+        BlobRef {
+            uri: format!("axp-blob:/x/{}", n.to_string().repeat(64)),
+            sha256: n.to_string().repeat(64),
+            size: 1,
+            media_type: "text/plain".into(),
+        }
+    }
+
     #[test]
     fn a_checkpoint_clears_the_review_and_a_context_the_compaction() {
         let mut s = ExchangeState::initial("s", "r", "t");
-        s.review = Some(json!({}));
-        s.verification = Some(json!({}));
-        s.compaction = Some(json!({}));
-        reduce_exchange(
-            &mut s,
-            &AxpAction::CheckpointChanged {
-                checkpoint: json!({"headCommit": "a"}),
+        let sig = json!({"publicKey": "k", "signature": "s"});
+        let review = json!({"manifest": {"version": 1, "repository": "r",
+            "session": "ahp-session:/s", "baseCommit": "a", "headCommit": "b", "model": "m",
+            "promptHash": "p", "traceHash": "t", "traceThroughSeq": 1, "checkpointDigest": "c"},
+            "contributor": sig, "maintainer": null});
+        s.review = Some(serde_json::from_value(review).expect("review"));
+        let verification = json!({"headCommit": "b", "verifier": "v", "command": ["x"],
+            "exitCode": 0, "output": blob('e'), "verifiedAt": 1});
+        s.verification = Some(serde_json::from_value(verification).expect("verification"));
+        let proposal = CompactionProposal {
+            id: "p".into(),
+            author: "a".into(),
+            expected_revision: 0,
+            context: Context::initial(),
+            evidence: SeqRange {
+                from_seq: 0,
+                to_seq: 1,
             },
-        );
+        };
+        s.compaction = Some(proposal.clone());
+        let checkpoint = Checkpoint {
+            base_commit: "a".repeat(40),
+            head_commit: "b".repeat(40),
+            branch: "main".into(),
+            bundle: blob('c'),
+            patch: blob('d'),
+            created_at: 1,
+        };
+        reduce_exchange(&mut s, &AxpAction::CheckpointChanged { checkpoint });
         assert_eq!((s.review.is_none(), s.verification.is_none()), (true, true));
+        // A pending compaction survives a new checkpoint (acceptance checks the head).
+        assert_eq!(s.compaction, Some(proposal));
         reduce_exchange(
             &mut s,
             &AxpAction::ContextChanged {

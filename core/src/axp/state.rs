@@ -3,15 +3,14 @@
 //!
 //! Field names and nesting follow the reference host's JSON (`src/protocol/types.ts`), so a
 //! snapshot here reads the same in its clients. Maps are `BTreeMap`s: their order is the
-//! host's, deterministic, never a hasher's. The part-2 fields (`checkpoint`, `compaction`,
-//! `review`, `verification`) are present with their initial values and kept as JSON: this
-//! host does not make them yet, but its reducers apply them, so a log holding them replays.
+//! host's, deterministic, never a hasher's.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::axp::signature::Signature;
 use crate::canonical::hash_object;
 use crate::channel::{chat_uri, exchange_uri, session_uri, EXECUTORS};
 
@@ -100,7 +99,8 @@ pub(crate) struct UsageEntry {
     pub(crate) usage: Usage,
 }
 
-/// The working context (part 2 changes it; part 1 only carries the initial one).
+/// The working context: what a resumed executor is told about the turns compaction folded
+/// away (`_axp/compact`, `_axp/acceptCompaction`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct Context {
@@ -117,24 +117,128 @@ impl Context {
     /// The context of a new session: revision 0, empty, hashed as the reference hashes it
     /// (`hashObject` of every field but `prefixHash`).
     pub(crate) fn initial() -> Context {
+        Context::hashed(0, 0, String::new(), Vec::new(), Vec::new(), None)
+    }
+
+    /// A context with its `prefixHash`: the reference's `hashObject` of every other field.
+    pub(crate) fn hashed(
+        revision: u64,
+        through_turn: u64,
+        summary: String,
+        decisions: Vec<String>,
+        active_files: Vec<String>,
+        git_head: Option<String>,
+    ) -> Context {
         let prefix_hash = hash_object(&json!({
-            "revision": 0,
-            "throughTurn": 0,
-            "summary": "",
-            "decisions": [],
-            "activeFiles": [],
-            "gitHead": null,
+            "revision": revision,
+            "throughTurn": through_turn,
+            "summary": summary,
+            "decisions": decisions,
+            "activeFiles": active_files,
+            "gitHead": git_head,
         }));
         Context {
-            revision: 0,
-            through_turn: 0,
-            summary: String::new(),
-            decisions: Vec::new(),
-            active_files: Vec::new(),
-            git_head: None,
+            revision,
+            through_turn,
+            summary,
+            decisions,
+            active_files,
+            git_head,
             prefix_hash,
         }
     }
+}
+
+/// A reference to a blob of this session, as checkpoints and verifications name it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct BlobRef {
+    /// `axp-blob:/<encodeURIComponent(exchange)>/<sha256>`, exactly.
+    pub(crate) uri: String,
+    pub(crate) sha256: String,
+    pub(crate) size: u64,
+    pub(crate) media_type: String,
+}
+
+/// A Git checkpoint of the session's work: what a review signs and a verification runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Checkpoint {
+    pub(crate) base_commit: String,
+    pub(crate) head_commit: String,
+    pub(crate) branch: String,
+    pub(crate) bundle: BlobRef,
+    pub(crate) patch: BlobRef,
+    /// Wall-clock Unix milliseconds: the host's clock when it was recorded (the executor's
+    /// value is replaced).
+    pub(crate) created_at: u64,
+}
+
+/// What a review signs: the checkpoint, the trace that led to it and the model that made it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Manifest {
+    /// Always 1.
+    pub(crate) version: u64,
+    pub(crate) repository: String,
+    /// `ahp-session:/ID`.
+    pub(crate) session: String,
+    pub(crate) base_commit: String,
+    pub(crate) head_commit: String,
+    pub(crate) model: String,
+    pub(crate) prompt_hash: String,
+    /// `hashObject` of the session's envelopes on its chat, exchange and session channels
+    /// with `0 < serverSeq <= traceThroughSeq`.
+    pub(crate) trace_hash: String,
+    pub(crate) trace_through_seq: u64,
+    /// `hashObject` of the checkpoint.
+    pub(crate) checkpoint_digest: String,
+}
+
+/// A checkpoint's signed review: the contributor's signature, then an independent
+/// maintainer's.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Review {
+    pub(crate) manifest: Manifest,
+    pub(crate) contributor: Signature,
+    pub(crate) maintainer: Option<Signature>,
+}
+
+/// A verifier's run of a command on the checkpoint's head.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(crate) struct Verification {
+    pub(crate) head_commit: String,
+    /// The verifier's principal id.
+    pub(crate) verifier: String,
+    pub(crate) command: Vec<String>,
+    pub(crate) exit_code: i64,
+    /// The command's output, a blob of this session.
+    pub(crate) output: BlobRef,
+    /// Wall-clock Unix milliseconds (the host's clock).
+    pub(crate) verified_at: u64,
+}
+
+/// The global sequence range a compaction proposal summarizes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct SeqRange {
+    pub(crate) from_seq: u64,
+    pub(crate) to_seq: u64,
+}
+
+/// A proposed next working context, waiting for a maintainer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct CompactionProposal {
+    /// The `operationId` that proposed it.
+    pub(crate) id: String,
+    pub(crate) author: String,
+    /// The context revision it replaces (compare-and-set on acceptance).
+    pub(crate) expected_revision: u64,
+    pub(crate) context: Context,
+    pub(crate) evidence: SeqRange,
 }
 
 /// One discussion entry.
@@ -176,11 +280,11 @@ pub(crate) struct ExchangeState {
     pub(crate) grants: BTreeMap<String, Grant>,
     pub(crate) reservation: Option<Reservation>,
     pub(crate) usage: Vec<UsageEntry>,
-    pub(crate) checkpoint: Option<Value>,
+    pub(crate) checkpoint: Option<Checkpoint>,
     pub(crate) context: Context,
-    pub(crate) compaction: Option<Value>,
-    pub(crate) review: Option<Value>,
-    pub(crate) verification: Option<Value>,
+    pub(crate) compaction: Option<CompactionProposal>,
+    pub(crate) review: Option<Review>,
+    pub(crate) verification: Option<Verification>,
     /// Absent until the first comment, as the reference writes it (clients render a missing
     /// key as an empty thread).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -228,6 +228,7 @@ impl<S: Store> Host<S> {
                 Touched::Client(id) => self.clients.rebuild(&mut self.k, id),
                 Touched::Executor(id) => self.axp.executors.rebuild(&mut self.k, id),
                 Touched::BlobAccess(key) => self.axp.blobs.rebuild(&mut self.k, key),
+                Touched::SigningKey(id) => self.axp.signing_keys.rebuild(&mut self.k, id),
                 Touched::Memory(id) => self.axp.memory.rebuild(&mut self.k, id),
             }
         }

@@ -27,18 +27,22 @@ pub enum Table {
     /// A session's access to a blob, keyed `<exchange URI>\n<digest>` (JSON
     /// `{"mediaType","size"}`): what the host indexes blobs by, loaded at start.
     BlobAccess,
+    /// The Ed25519 key an AXP principal signs reviews with, keyed by principal id (JSON
+    /// `{"ed25519": "<hex>"}`).
+    SigningKey,
     /// An AXP repository-memory lesson, keyed by its id (JSON of `MemoryEntry`).
     Memory,
 }
 
 impl Table {
     /// Every table, in a stable order.
-    pub const ALL: [Table; 6] = [
+    pub const ALL: [Table; 7] = [
         Table::State,
         Table::Client,
         Table::Executor,
         Table::Blob,
         Table::BlobAccess,
+        Table::SigningKey,
         Table::Memory,
     ];
 
@@ -50,6 +54,7 @@ impl Table {
             Table::Executor => "executor",
             Table::Blob => "blob",
             Table::BlobAccess => "blob_access",
+            Table::SigningKey => "signing_key",
             Table::Memory => "memory",
         }
     }
@@ -239,6 +244,7 @@ mod tests {
         assert_eq!(Table::State.name(), "state");
         assert_eq!(Table::Client.name(), "client");
         assert_eq!(Table::BlobAccess.name(), "blob_access");
+        assert_eq!(Table::SigningKey.name(), "signing_key");
         assert_eq!(Table::Memory.name(), "memory");
         assert!(Table::Memory.loaded_at_start());
         assert!(!Table::Blob.loaded_at_start());

@@ -26,6 +26,8 @@ pub(crate) enum Touched {
     Executor(String),
     /// A session's access to an AXP blob, by `BlobAccess` key (`<exchange>\n<digest>`).
     BlobAccess(String),
+    /// A principal's AXP signing key, by principal id.
+    SigningKey(String),
     /// An AXP repository-memory lesson, by id.
     Memory(String),
 }

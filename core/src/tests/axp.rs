@@ -5,15 +5,15 @@
 use super::schema::check;
 use super::*;
 
-const M: u64 = 1;
-const C: u64 = 2;
-const O: u64 = 3;
-const V: u64 = 4;
-const B: u64 = 5;
-const X: &str = "axp-session:/s1";
-const CHAT: &str = "ahp-chat:/s1";
+pub(super) const M: u64 = 1;
+pub(super) const C: u64 = 2;
+pub(super) const O: u64 = 3;
+pub(super) const V: u64 = 4;
+pub(super) const B: u64 = 5;
+pub(super) const X: &str = "axp-session:/s1";
+pub(super) const CHAT: &str = "ahp-chat:/s1";
 
-fn role(id: &str, role: Role) -> Principal {
+pub(super) fn role(id: &str, role: Role) -> Principal {
     Principal {
         id: id.into(),
         role,
@@ -21,24 +21,24 @@ fn role(id: &str, role: Role) -> Principal {
     }
 }
 
-fn allowance(tokens: u64, cost_micros: u64, turns: u64) -> Value {
+pub(super) fn allowance(tokens: u64, cost_micros: u64, turns: u64) -> Value {
     json!({"tokens": tokens, "costMicros": cost_micros, "turns": turns})
 }
 
 /// Connections: 1 maintainer `m`, 2 contributor `alice`, 3 observer `obs`, 4 verifier `ver`,
 /// 5 contributor `bob`; session `s1`.
-struct Ax {
-    h: Harness,
+pub(super) struct Ax {
+    pub(super) h: Harness,
     id: u64,
     op: u64,
 }
 
 impl Ax {
-    fn new() -> Ax {
+    pub(super) fn new() -> Ax {
         Ax::with(HostConfig::default(), MemStore::new())
     }
 
-    fn limits(limits: Limits) -> Ax {
+    pub(super) fn limits(limits: Limits) -> Ax {
         Ax::with(
             HostConfig {
                 limits,
@@ -48,14 +48,14 @@ impl Ax {
         )
     }
 
-    fn with(config: HostConfig, store: MemStore) -> Ax {
+    pub(super) fn with(config: HostConfig, store: MemStore) -> Ax {
         let mut ax = Ax::bare(config, store);
         ax.h.create(M, "s1");
         ax
     }
 
     /// The connections, no session created.
-    fn bare(config: HostConfig, store: MemStore) -> Ax {
+    pub(super) fn bare(config: HostConfig, store: MemStore) -> Ax {
         let mut h = Harness::with(config, store);
         h.init(M, Principal::maintainer("m"), "c1", &[]);
         h.init(C, role("alice", Role::Contributor), "c2", &[]);
@@ -68,8 +68,13 @@ impl Ax {
     }
 
     /// The whole answer to `method`; a mutation without an `operationId` gets a fresh one.
-    fn raw(&mut self, conn: u64, method: &str, mut params: Value) -> Value {
-        let reads = ["_axp/export", "_axp/blobGet"];
+    pub(super) fn raw(&mut self, conn: u64, method: &str, mut params: Value) -> Value {
+        let reads = [
+            "_axp/export",
+            "_axp/blobGet",
+            "_axp/context",
+            "_axp/memorySearch",
+        ];
         if method.starts_with("_axp/") && !reads.contains(&method) {
             if let Some(p) = params.as_object_mut() {
                 if !p.contains_key("operationId") {
@@ -83,28 +88,28 @@ impl Ax {
         self.h.request(conn, id, method, params)
     }
 
-    fn ok(&mut self, conn: u64, method: &str, params: Value) -> Value {
+    pub(super) fn ok(&mut self, conn: u64, method: &str, params: Value) -> Value {
         let r = self.raw(conn, method, params);
         assert!(r.get("error").is_none(), "{method} failed: {r}");
         r["result"].clone()
     }
 
-    fn code(&mut self, conn: u64, method: &str, params: Value) -> i64 {
+    pub(super) fn code(&mut self, conn: u64, method: &str, params: Value) -> i64 {
         let r = self.raw(conn, method, params);
         r["error"]["code"]
             .as_i64()
             .unwrap_or_else(|| panic!("{method} succeeded: {r}"))
     }
 
-    fn exchange(&self) -> Value {
+    pub(super) fn exchange(&self) -> Value {
         self.h.host.channel_state(X).expect("exchange")
     }
 
-    fn chat(&self) -> Value {
+    pub(super) fn chat(&self) -> Value {
         self.h.host.channel_state(CHAT).expect("chat")
     }
 
-    fn grant(&mut self, conn: u64, grant: &str, limit: Value) -> Value {
+    pub(super) fn grant(&mut self, conn: u64, grant: &str, limit: Value) -> Value {
         self.ok(
             conn,
             "_axp/grant",
@@ -112,7 +117,7 @@ impl Ax {
         )
     }
 
-    fn claim(&mut self, conn: u64, executor: &str, grant: &str) -> Value {
+    pub(super) fn claim(&mut self, conn: u64, executor: &str, grant: &str) -> Value {
         self.raw(
             conn,
             "_axp/claim",
@@ -122,13 +127,13 @@ impl Ax {
 
     /// Alice grants `g` (10,000 tokens, 10,000 micros, 10 turns) and claims with `e1`:
     /// the lease's epoch.
-    fn dock(&mut self) -> u64 {
+    pub(super) fn dock(&mut self) -> u64 {
         self.grant(C, "g", allowance(10_000, 10_000, 10));
         let lease = self.claim(C, "e1", "g");
         lease["result"]["epoch"].as_u64().expect("epoch")
     }
 
-    fn prompt(&mut self, turn_id: &str) {
+    pub(super) fn prompt(&mut self, turn_id: &str) {
         self.ok(
             M,
             "_axp/dispatch",
@@ -136,7 +141,7 @@ impl Ax {
         );
     }
 
-    fn reserve(&mut self, epoch: u64, turn_id: &str, tokens: u64) -> Value {
+    pub(super) fn reserve(&mut self, epoch: u64, turn_id: &str, tokens: u64) -> Value {
         self.raw(
             C,
             "_axp/reserve",
@@ -144,7 +149,7 @@ impl Ax {
         )
     }
 
-    fn emit(&mut self, epoch: u64, actions: Value) -> Value {
+    pub(super) fn emit(&mut self, epoch: u64, actions: Value) -> Value {
         self.raw(
             C,
             "_axp/emit",
@@ -153,7 +158,7 @@ impl Ax {
     }
 
     /// Moves both clocks `ms` forward and fires what is due.
-    fn advance(&mut self, ms: u64) -> Vec<(u64, Value)> {
+    pub(super) fn advance(&mut self, ms: u64) -> Vec<(u64, Value)> {
         self.h.now += ms;
         let now = self.h.now();
         self.h.host.handle_timeout(now);
@@ -161,15 +166,15 @@ impl Ax {
     }
 }
 
-fn markdown(turn_id: &str, id: &str) -> Value {
+pub(super) fn markdown(turn_id: &str, id: &str) -> Value {
     json!({"type":"chat/responsePart","turnId":turn_id,"part":{"kind":"markdown","id":id,"content":""}})
 }
 
-fn delta(turn_id: &str, id: &str, text: &str) -> Value {
+pub(super) fn delta(turn_id: &str, id: &str, text: &str) -> Value {
     json!({"type":"chat/delta","turnId":turn_id,"partId":id,"content":text})
 }
 
-fn usage(input: u64, output: u64, cache: u64, cost: u64) -> Value {
+pub(super) fn usage(input: u64, output: u64, cache: u64, cost: u64) -> Value {
     json!({"inputTokens":input,"outputTokens":output,"cacheReadTokens":cache,"costMicros":cost,"source":"reported"})
 }
 
@@ -189,15 +194,12 @@ fn initialize_advertises_the_method_table_and_the_identity() {
     for m in ["_axp/claim", "_axp/emit", "_axp/blobPut", "_axp/export"] {
         assert!(methods.contains(&m), "{m}");
     }
-    for part2 in ["_axp/checkpoint", "_axp/context", "_axp/verify"] {
-        assert!(!methods.contains(&part2), "{part2} is part 2");
-    }
     assert_eq!(meta["role"], "contributor");
     assert_eq!(meta["principal"], "alice");
     assert_eq!(meta["repository"], "default");
     assert_eq!(meta["memory"], "axp-memory://");
-    // Every part-2 command and any other `_axp/*` name is unknown.
-    for m in ["_axp/checkpoint", "_axp/compact", "_axp/nope"] {
+    // Any other `_axp/*` name is unknown.
+    for m in ["_axp/nope", "_axp/checkpoints", "_axp/Compact"] {
         let r = h.request(1, 9, m, json!({"channel": X, "operationId": "x"}));
         assert_eq!(r["error"]["code"], -32601, "{m}");
     }
@@ -1170,7 +1172,7 @@ fn list_sessions_counts_the_newest_comment_as_a_modification() {
     );
 }
 
-fn b64(bytes: &[u8]) -> String {
+pub(super) fn b64(bytes: &[u8]) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
@@ -1477,7 +1479,7 @@ fn a_refused_dispatch_request_gets_an_error_and_no_echo() {
 }
 
 /// Applies every action of an export to its seeds: the result must be its snapshots.
-fn rebuilds(export: &Value) {
+pub(super) fn rebuilds(export: &Value) {
     use ahp::reducers::{apply_action_to_changeset, apply_action_to_chat, apply_action_to_session};
     let seeds = export["seeds"].as_array().expect("seeds");
     let snapshots = export["snapshots"].as_array().expect("snapshots");
@@ -1605,8 +1607,8 @@ fn an_export_rebuilds_the_current_state_after_every_kind_of_action() {
 
 #[test]
 fn every_axp_action_type_reduces_seed_plus_actions_to_the_same_state() {
-    // The part-2 types no command makes yet are applied by the same reducer a load and a
-    // client use: the fold of any log from the seed equals applying it one by one.
+    // Every type is applied by the same reducer a load and a client use: the fold of any log
+    // from the seed equals applying it one by one, through the wire form too.
     use crate::axp::reducer::{reduce_exchange, AxpAction};
     use crate::axp::state::{Context, ExchangeState};
     let seed = ExchangeState::initial("s1", "r", "t");
@@ -1616,11 +1618,11 @@ fn every_axp_action_type_reduces_seed_plus_actions_to_the_same_state() {
         json!({"type":"_axp/reserved","reservation":{"turnId":"t","grantId":"g","epoch":1,"ceiling":allowance(1,1,1),"startedAt":3}}),
         json!({"type":"_axp/settled","turnId":"t","grant":{"id":"g","owner":"a","limit":allowance(9,9,9),"spent":allowance(1,1,1),"revoked":false,"enforcement":"provider"},"usage":usage(1,0,0,1)}),
         json!({"type":"_axp/commentAdded","comment":{"id":"c","author":"a","body":"b","createdAt":1,"checkpoint":null,"path":null}}),
-        json!({"type":"_axp/checkpointChanged","checkpoint":{"headCommit":"h"}}),
-        json!({"type":"_axp/compactionProposed","proposal":{"id":"p"}}),
+        json!({"type":"_axp/checkpointChanged","checkpoint":checkpoint_json("a", 7)}),
+        json!({"type":"_axp/compactionProposed","proposal":{"id":"p","author":"a","expectedRevision":0,"context":serde_json::to_value(Context::initial()).expect("ctx"),"evidence":{"fromSeq":0,"toSeq":3}}}),
         json!({"type":"_axp/contextChanged","context":serde_json::to_value(Context::initial()).expect("ctx")}),
-        json!({"type":"_axp/reviewChanged","review":{"manifest":{}}}),
-        json!({"type":"_axp/verificationChanged","verification":{"headCommit":"h"}}),
+        json!({"type":"_axp/reviewChanged","review":super::axp_review::review_json()}),
+        json!({"type":"_axp/verificationChanged","verification":super::axp_review::verification_json()}),
         json!({"type":"_axp/executorChanged","executor":{"id":"e","owner":"a","name":"n","placement":"hosted","capabilities":[],"expiresAt":1,"online":true}}),
         json!({"type":"_axp/memoryChanged","memory":{"scope":"r","title":"t","trigger":"g","lesson":"l","outcome":"success","id":"i","revision":1,"evidence":[],"status":"proposed","author":"a"}}),
         json!({"type":"_axp/leaseChanged","lease":null,"epoch":1,"status":"orphaned"}),
@@ -1758,4 +1760,13 @@ fn error_codes_in(out: &[(u64, Value)]) -> Vec<i64> {
     out.iter()
         .filter_map(|(_, v)| v.pointer("/error/code").and_then(Value::as_i64))
         .collect()
+}
+
+/// A checkpoint as the wire spells it, naming blobs by `digest_char` repeated.
+pub(super) fn checkpoint_json(head_char: &str, created_at: u64) -> Value {
+    let blob = |c: &str| json!({"uri": format!("axp-blob:/x/{}", c.repeat(64)), "sha256": c.repeat(64), "size": 1, "mediaType": "application/octet-stream"});
+    json!({
+        "baseCommit": "0".repeat(40), "headCommit": head_char.repeat(40), "branch": "main",
+        "bundle": blob("b"), "patch": blob("c"), "createdAt": created_at,
+    })
 }

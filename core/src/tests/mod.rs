@@ -6,7 +6,9 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 mod axp;
+mod axp_checkpoint;
 mod axp_memory;
+mod axp_review;
 mod backpressure;
 mod schema;
 mod services;

@@ -103,6 +103,47 @@ fn load(name: &str) -> Value {
         "axp/settle.params" => include_str!("../../../schema/axp/settle.params.schema.json"),
         "axp/settle.result" => include_str!("../../../schema/axp/settle.result.schema.json"),
         "axp/settled.action" => include_str!("../../../schema/axp/settled.action.schema.json"),
+        "axp/checkpoint.params" => {
+            include_str!("../../../schema/axp/checkpoint.params.schema.json")
+        }
+        "axp/checkpoint.result" => {
+            include_str!("../../../schema/axp/checkpoint.result.schema.json")
+        }
+        "axp/checkpoint-changed.action" => {
+            include_str!("../../../schema/axp/checkpoint-changed.action.schema.json")
+        }
+        "axp/compact.params" => include_str!("../../../schema/axp/compact.params.schema.json"),
+        "axp/compact.result" => include_str!("../../../schema/axp/compact.result.schema.json"),
+        "axp/compaction-proposed.action" => {
+            include_str!("../../../schema/axp/compaction-proposed.action.schema.json")
+        }
+        "axp/accept-compaction.params" => {
+            include_str!("../../../schema/axp/accept-compaction.params.schema.json")
+        }
+        "axp/accept-compaction.result" => {
+            include_str!("../../../schema/axp/accept-compaction.result.schema.json")
+        }
+        "axp/context-changed.action" => {
+            include_str!("../../../schema/axp/context-changed.action.schema.json")
+        }
+        "axp/context.params" => include_str!("../../../schema/axp/context.params.schema.json"),
+        "axp/context.result" => include_str!("../../../schema/axp/context.result.schema.json"),
+        "axp/review.params" => include_str!("../../../schema/axp/review.params.schema.json"),
+        "axp/review.result" => include_str!("../../../schema/axp/review.result.schema.json"),
+        "axp/approve-review.params" => {
+            include_str!("../../../schema/axp/approve-review.params.schema.json")
+        }
+        "axp/approve-review.result" => {
+            include_str!("../../../schema/axp/approve-review.result.schema.json")
+        }
+        "axp/review-changed.action" => {
+            include_str!("../../../schema/axp/review-changed.action.schema.json")
+        }
+        "axp/verify.params" => include_str!("../../../schema/axp/verify.params.schema.json"),
+        "axp/verify.result" => include_str!("../../../schema/axp/verify.result.schema.json"),
+        "axp/verification-changed.action" => {
+            include_str!("../../../schema/axp/verification-changed.action.schema.json")
+        }
         "axp/memory-propose.params" => {
             include_str!("../../../schema/axp/memory-propose.params.schema.json")
         }

@@ -24,9 +24,16 @@
 //!    made to fail.
 //! 6. *Shape.* A lease belongs to an open session at its epoch; a reservation belongs to the
 //!    live lease's epoch and grant; a closed session has neither.
+//! 7. *Artifacts.* A review or a verification in any state names that state's checkpoint (its
+//!    head, and the review its base and digest too); a checkpoint's base never changes once set; a
+//!    pending compaction is one revision past the context it was proposed against; the context
+//!    revision never goes back, changes only upward, never below one revealed (across failed
+//!    commits and restarts), and an accepted context's `gitHead` is the checkpoint head it was
+//!    accepted at.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use axhost_core::canonical::hash_object;
 use axhost_core::{AxpInspect, ConnId, Principal, Role};
 use serde_json::Value;
 
@@ -45,6 +52,12 @@ pub struct OracleStats {
     pub settlements: u64,
     /// Sessions closed (`_axp/close` acknowledged).
     pub closes: u64,
+    /// Checkpoints acknowledged.
+    pub checkpoints: u64,
+    /// Compactions proposed, and accepted, as acknowledged.
+    pub compactions: (u64, u64),
+    /// Reviews submitted, and approved, as acknowledged.
+    pub reviews: (u64, u64),
     /// Commands refused, by code.
     pub refusals: BTreeMap<i64, u64>,
 }
@@ -86,6 +99,8 @@ pub struct AxpOracle {
     claims: BTreeMap<(String, u64), Winner>,
     /// The highest epoch revealed per session.
     revealed_epoch: BTreeMap<String, u64>,
+    /// The highest context revision revealed per session.
+    revealed_revision: BTreeMap<String, u64>,
     /// Turns whose reservation was acknowledged, by session.
     reserved: BTreeMap<String, BTreeSet<String>>,
     /// Turns whose settlement was revealed, by session.
@@ -98,12 +113,13 @@ pub struct AxpOracle {
     pub stats: OracleStats,
 }
 
-const FENCED: [&str; 5] = [
+const FENCED: [&str; 6] = [
     "_axp/renew",
     "_axp/release",
     "_axp/reserve",
     "_axp/settle",
     "_axp/emit",
+    "_axp/checkpoint",
 ];
 
 /// Whether `role` may run `method` (the role table of docs/axp.md).
@@ -113,9 +129,12 @@ fn role_may(role: Role, method: &str) -> bool {
             role == Role::Maintainer
         }
         "_axp/register" | "_axp/grant" | "_axp/claim" | "_axp/renew" | "_axp/release"
-        | "_axp/reserve" | "_axp/settle" | "_axp/emit" => {
+        | "_axp/reserve" | "_axp/settle" | "_axp/emit" | "_axp/checkpoint" | "_axp/compact" => {
             matches!(role, Role::Maintainer | Role::Contributor)
         }
+        "_axp/acceptCompaction" | "_axp/approveReview" => role == Role::Maintainer,
+        "_axp/review" => matches!(role, Role::Maintainer | Role::Contributor),
+        "_axp/verify" => role == Role::Verifier,
         "_axp/comment" | "_axp/blobPut" => role != Role::Observer,
         _ => true,
     }
@@ -187,6 +206,16 @@ impl AxpOracle {
                     }
                 }
             }
+        } else if method == "_axp/approveReview" {
+            // A maintainer signs the review it last saw; one replaced since (a later manifest
+            // of the same checkpoint) makes its signature wrong for the current one, -32602.
+            if let Some(ex) = session.and_then(|s| inspect().exchanges.get(s).cloned()) {
+                let current = &ex["review"]["manifest"];
+                let signed = &params["signature"]["signature"];
+                invalid_ok = current.is_object()
+                    && crate::axp::actors::signing::sign_as(&principal, current)["signature"]
+                        != *signed;
+            }
         } else if FENCED.contains(&method) {
             let epoch = params.get("epoch").and_then(Value::as_u64);
             if let (Some(s), Some(epoch)) = (session, epoch) {
@@ -247,6 +276,14 @@ impl AxpOracle {
         for (id, ex) in &host.exchanges {
             shape(id, ex)?;
             money(id, ex)?;
+            artifacts(id, ex)?;
+            let revision = u(ex, "/context/revision");
+            let floor = self.revealed_revision.get(id).copied().unwrap_or(0);
+            if revision < floor {
+                return Err(format!(
+                    "session {id} is at context revision {revision}, below revision {floor} already revealed"
+                ));
+            }
             let epoch = u(ex, "/epoch");
             let floor = self.revealed_epoch.get(id).copied().unwrap_or(0);
             if epoch < floor {
@@ -332,6 +369,14 @@ impl AxpOracle {
                 let floor = self.revealed_epoch.entry(session.to_owned()).or_default();
                 *floor = (*floor).max(epoch);
             }
+            Some("_axp/contextChanged") => {
+                let revision = u(action, "/context/revision");
+                let floor = self
+                    .revealed_revision
+                    .entry(session.to_owned())
+                    .or_default();
+                *floor = (*floor).max(revision);
+            }
             Some("_axp/settled") => {
                 if let Some(t) = action.get("turnId").and_then(Value::as_str) {
                     self.stats.settlements += 1;
@@ -387,6 +432,10 @@ impl AxpOracle {
         };
         match method {
             "_axp/close" => self.stats.closes += 1,
+            "_axp/compact" => self.stats.compactions.0 += 1,
+            "_axp/acceptCompaction" => self.stats.compactions.1 += 1,
+            "_axp/review" => self.stats.reviews.0 += 1,
+            "_axp/approveReview" => self.stats.reviews.1 += 1,
             "_axp/claim" => {
                 let epoch = u(result, "/epoch");
                 let winner = Winner {
@@ -423,6 +472,9 @@ impl AxpOracle {
                             asked.principal
                         ))
                     }
+                }
+                if m == "_axp/checkpoint" {
+                    self.stats.checkpoints += 1;
                 }
                 if m == "_axp/reserve" {
                     if let Some(t) = asked.params.get("turnId").and_then(Value::as_str) {
@@ -526,6 +578,43 @@ fn shape(id: &str, ex: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// Invariant 7 on one state.
+fn artifacts(id: &str, ex: &Value) -> Result<(), String> {
+    let checkpoint = &ex["checkpoint"];
+    let review = &ex["review"];
+    if !review.is_null() {
+        let m = &review["manifest"];
+        if checkpoint.is_null()
+            || m["headCommit"] != checkpoint["headCommit"]
+            || m["baseCommit"] != checkpoint["baseCommit"]
+            || m["checkpointDigest"] != hash_object(checkpoint).as_str()
+        {
+            return Err(format!(
+                "{id}: review of {}..{} beside checkpoint {checkpoint}",
+                m["baseCommit"], m["headCommit"]
+            ));
+        }
+    }
+    let verification = &ex["verification"];
+    if !verification.is_null()
+        && (checkpoint.is_null() || verification["headCommit"] != checkpoint["headCommit"])
+    {
+        return Err(format!(
+            "{id}: verification of {} beside checkpoint {checkpoint}",
+            verification["headCommit"]
+        ));
+    }
+    let compaction = &ex["compaction"];
+    if !compaction.is_null()
+        && u(compaction, "/context/revision") != u(compaction, "/expectedRevision") + 1
+    {
+        return Err(format!(
+            "{id}: compaction {compaction} is not one revision past the one it replaces"
+        ));
+    }
+    Ok(())
+}
+
 /// Invariant 3 on one state.
 fn money(id: &str, ex: &Value) -> Result<(), String> {
     let empty = Vec::new();
@@ -592,6 +681,31 @@ fn monotone(id: &str, last: &Value, now: &Value) -> Result<(), String> {
     if new.len() < old.len() || new[..old.len()] != old[..] {
         return Err(format!("{id}: usage history was rewritten"));
     }
+    let (base_was, base_is) = (
+        &last["checkpoint"]["baseCommit"],
+        &now["checkpoint"]["baseCommit"],
+    );
+    if !base_was.is_null() && base_is != base_was {
+        return Err(format!(
+            "{id}: checkpoint base moved from {base_was} to {base_is}"
+        ));
+    }
+    let (ra, rb) = (u(last, "/context/revision"), u(now, "/context/revision"));
+    if last["context"] != now["context"] {
+        if rb <= ra {
+            return Err(format!(
+                "{id}: the context changed without a higher revision ({ra} to {rb})"
+            ));
+        }
+        if last["checkpoint"] == now["checkpoint"]
+            && now["context"]["gitHead"] != now["checkpoint"]["headCommit"]
+        {
+            return Err(format!(
+                "{id}: context {rb} accepted at gitHead {} while the checkpoint is at {}",
+                now["context"]["gitHead"], now["checkpoint"]["headCommit"]
+            ));
+        }
+    }
     let was_closed = last["status"] == "closed";
     if was_closed && now["status"] != "closed" {
         return Err(format!("closed session {id} opened again"));
@@ -640,6 +754,49 @@ mod tests {
             {"turnId": "t", "grantId": "g", "usage": {"inputTokens": 1, "outputTokens": 0, "costMicros": 0}}]),
         );
         assert!(money("s", &twice).unwrap_err().contains("twice"));
+    }
+
+    #[test]
+    fn reviews_and_verifications_name_the_current_checkpoint() {
+        let cp = json!({"baseCommit": "a", "headCommit": "b"});
+        let digest = hash_object(&cp);
+        let ok = json!({"checkpoint": cp, "review": {"manifest": {"baseCommit": "a", "headCommit": "b",
+                        "checkpointDigest": digest}},
+                        "verification": {"headCommit": "b"}, "compaction": null});
+        assert!(artifacts("s", &ok).is_ok());
+        // The same head recorded again (another bundle, another time) is another checkpoint.
+        let mut redone = ok.clone();
+        redone["checkpoint"]["createdAt"] = json!(5);
+        assert!(artifacts("s", &redone).is_err());
+        let mut stale = ok.clone();
+        stale["checkpoint"]["headCommit"] = json!("c");
+        assert!(artifacts("s", &stale).is_err());
+        let mut no_checkpoint = ok.clone();
+        no_checkpoint["checkpoint"] = Value::Null;
+        no_checkpoint["review"] = Value::Null;
+        assert!(
+            artifacts("s", &no_checkpoint).is_err(),
+            "a verification without a checkpoint"
+        );
+    }
+
+    #[test]
+    fn context_revisions_only_go_up_and_the_base_never_moves() {
+        let s0 = json!({"epoch": 0, "usage": [], "status": "open",
+            "checkpoint": {"baseCommit": "a", "headCommit": "h"},
+            "context": {"revision": 1, "gitHead": "h", "summary": "x"}});
+        let mut same_rev = s0.clone();
+        same_rev["context"]["summary"] = json!("y");
+        assert!(monotone("s", &s0, &same_rev).is_err());
+        let mut up = same_rev.clone();
+        up["context"]["revision"] = json!(2);
+        assert!(monotone("s", &s0, &up).is_ok());
+        let mut wrong_head = up.clone();
+        wrong_head["context"]["gitHead"] = json!("old");
+        assert!(monotone("s", &s0, &wrong_head).is_err());
+        let mut rebased = s0.clone();
+        rebased["checkpoint"]["baseCommit"] = json!("z");
+        assert!(monotone("s", &s0, &rebased).is_err());
     }
 
     #[test]

@@ -92,7 +92,29 @@ impl Mirror {
                     .ok_or("discussion is not a list")?
                     .push(comment);
             }
-            other => return Err(format!("{other} on {channel} (not an AXP part-1 action)")),
+            "_axp/checkpointChanged" => {
+                // The review and verification named the old head.
+                state.insert("checkpoint".into(), field(action, "checkpoint")?.clone());
+                state.insert("review".into(), Value::Null);
+                state.insert("verification".into(), Value::Null);
+            }
+            "_axp/compactionProposed" => {
+                state.insert("compaction".into(), field(action, "proposal")?.clone());
+            }
+            "_axp/contextChanged" => {
+                state.insert("context".into(), field(action, "context")?.clone());
+                state.insert("compaction".into(), Value::Null);
+            }
+            "_axp/reviewChanged" => {
+                state.insert("review".into(), field(action, "review")?.clone());
+            }
+            "_axp/verificationChanged" => {
+                state.insert(
+                    "verification".into(),
+                    field(action, "verification")?.clone(),
+                );
+            }
+            other => return Err(format!("{other} on {channel} (not an AXP action)")),
         }
         Ok(())
     }
@@ -148,6 +170,38 @@ mod tests {
         assert_eq!(m.state["reservation"], Value::Null);
         assert_eq!(m.state["grants"]["g"], grant);
         assert_eq!(m.state["usage"][0]["grantId"], "g");
+    }
+
+    #[test]
+    fn a_checkpoint_clears_review_and_verification_and_a_context_the_compaction() {
+        let mut m = Mirror::from_snapshot(
+            json!({"checkpoint": null, "review": {"x": 1}, "verification": {"y": 2},
+                   "compaction": {"id": "p"}, "context": {"revision": 0}}),
+            1,
+        );
+        let x = "axp-session:/s";
+        m.apply(
+            x,
+            &json!({"type": "_axp/checkpointChanged", "checkpoint": {"headCommit": "h"}}),
+            2,
+        )
+        .expect("checkpoint");
+        assert_eq!(
+            (&m.state["review"], &m.state["verification"]),
+            (&Value::Null, &Value::Null)
+        );
+        assert_eq!(
+            m.state["compaction"]["id"], "p",
+            "a pending compaction stays"
+        );
+        m.apply(
+            x,
+            &json!({"type": "_axp/contextChanged", "context": {"revision": 1}}),
+            3,
+        )
+        .expect("context");
+        assert_eq!(m.state["compaction"], Value::Null);
+        assert_eq!(m.state["context"]["revision"], 1);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! are the reference's (`src/knowledge.ts`); the bounds on lessons and evidence are this
 //! host's.
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::ahp::sessions::Sessions;
 use crate::ahp::tx::axp_envelope;
@@ -68,12 +68,7 @@ impl Memory {
             session: ex.session.clone(),
             from_seq: p.from_seq,
             to_seq: p.to_seq,
-            git_head: ex
-                .checkpoint
-                .as_ref()
-                .and_then(|c| c.get("headCommit"))
-                .and_then(Value::as_str)
-                .map(str::to_owned),
+            git_head: ex.checkpoint.as_ref().map(|c| c.head_commit.clone()),
         };
         let evidence_max = k.limits().memory_evidence_max as usize;
         let lessons_max = k.limits().memory_lessons_max as usize;

@@ -1,4 +1,5 @@
-//! The executor role: register, grant, claim, renew, reserve, emit, settle, release.
+//! The executor role: register, grant, claim, renew, reserve, emit, settle, release, and between
+//! turns blobs, checkpoints, compaction proposals and signed reviews of its checkpoints.
 
 use serde_json::{json, Value};
 
@@ -70,6 +71,9 @@ impl Actor {
                 if self.chance(1, 30) {
                     return self.stale_command(&held);
                 }
+                if self.chance(1, 8) {
+                    return self.artifact(&held, board);
+                }
                 if self.chance(1, 25) {
                     let params = self.fenced(&held);
                     return self.mutate("_axp/release", params);
@@ -128,6 +132,60 @@ impl Actor {
         }
     }
 
+    /// Between turns: upload a blob, record a checkpoint over this executor's blobs of the
+    /// session, or propose a compaction at the context the observers last saw.
+    pub(super) fn artifact(&mut self, held: &Held, board: &Board) {
+        let refs = self.blobs.get(&held.session).cloned().unwrap_or_default();
+        if refs.len() < 2 || self.chance(1, 10) {
+            // "bundle", "patch", "before", "after": shared bytes, per-session access.
+            let data = ["YnVuZGxl", "cGF0Y2g=", "YmVmb3Jl", "YWZ0ZXI="][self.below(4) as usize];
+            let p = json!({"channel": self.exchange(&held.session), "data": data,
+                           "mediaType": "application/octet-stream"});
+            return self.mutate("_axp/blobPut", p);
+        }
+        if self.checkpointed.contains(&held.session) && self.chance(1, 3) {
+            // Review: read the export, then sign what it shows (see `on_executor_answer`).
+            let p = json!({"channel": self.exchange(&held.session)});
+            return self.send("_axp/export", p);
+        }
+        if self.chance(1, 3) {
+            let (revision, through) = board.contexts.get(&held.session).copied().unwrap_or((0, 0));
+            let p = json!({"channel": self.exchange(&held.session),
+                "expectedRevision": revision, "throughTurn": through + 1 + self.below(2),
+                "summary": format!("Summary {}", self.below(100)),
+                "decisions": ["keep going"], "activeFiles": ["src/lib.rs"]});
+            return self.mutate("_axp/compact", p);
+        }
+        let p = self.checkpoint_params(held, &refs);
+        self.mutate("_axp/checkpoint", p)
+    }
+
+    /// A checkpoint at a fresh head over `refs`, on the session's fixed base.
+    fn checkpoint_params(&mut self, held: &Held, refs: &[Value]) -> Value {
+        // The session's name in hex, zero-padded: every executor of a session uses one base.
+        let mut base: String = held.session.bytes().map(|b| format!("{b:02x}")).collect();
+        base.truncate(40);
+        while base.len() < 40 {
+            base.push('0');
+        }
+        let head = format!("{:040x}", self.below(u64::MAX));
+        let bundle = refs[self.below(refs.len() as u64) as usize].clone();
+        let patch = refs[self.below(refs.len() as u64) as usize].clone();
+        let file = format!("axp-file:/axp-session%3A%2F{}/src/lib.rs", held.session);
+        let content = refs[self.below(refs.len() as u64) as usize]["uri"].clone();
+        let files = if self.chance(1, 2) {
+            json!([{"id": file, "edit": {"after": {"uri": file, "content": {"uri": content}}}}])
+        } else {
+            json!([])
+        };
+        let mut p = self.fenced(held);
+        p["checkpoint"] = json!({"baseCommit": base, "headCommit": head,
+            "branch": format!("axp/{}", held.session), "bundle": bundle, "patch": patch,
+            "createdAt": 0});
+        p["files"] = files;
+        p
+    }
+
     pub(super) fn settle(&mut self, held: &Held, w: &Work) {
         let roll = self.below(10);
         let over =
@@ -163,6 +221,11 @@ impl Actor {
             ..held.clone()
         };
         let p = self.fenced(&stale);
+        let refs = self.blobs.get(&held.session).cloned().unwrap_or_default();
+        if refs.len() >= 2 && self.chance(1, 4) {
+            let p = self.checkpoint_params(&stale, &refs);
+            return self.mutate("_axp/checkpoint", p);
+        }
         match self.below(3) {
             0 => self.mutate("_axp/renew", p),
             1 => self.mutate("_axp/release", p),
@@ -243,8 +306,28 @@ impl Actor {
                 self.granted.insert(session);
             }
             ("_axp/grant", None) => {}
+            ("_axp/blobPut", Some(r)) => {
+                let list = self.blobs.entry(session).or_default();
+                if !list.iter().any(|b| b["sha256"] == r["sha256"]) {
+                    list.push(r.clone());
+                }
+            }
             ("_axp/revoke", Some(_)) => {
                 self.granted.remove(&session);
+            }
+            ("_axp/checkpoint", Some(_)) => {
+                self.checkpointed.insert(session);
+            }
+            // The export a review is built from: signed and sent while this executor still
+            // believes it holds the session (the lease or the checkpoint may have moved on).
+            ("_axp/export", Some(archive))
+                if self.held.as_ref().is_some_and(|h| h.session == session) =>
+            {
+                if let Some(manifest) = super::signing::manifest(archive) {
+                    let p = json!({"channel": self.exchange(&session),
+                        "contributor": self.sign(&manifest), "manifest": manifest});
+                    self.mutate("_axp/review", p);
+                }
             }
             ("_axp/claim", Some(lease)) => {
                 let epoch = lease.get("epoch").and_then(Value::as_u64).unwrap_or(0);

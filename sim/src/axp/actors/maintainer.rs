@@ -1,4 +1,5 @@
-//! The maintainer role: sessions, turns, steering, comments, closes.
+//! The maintainer role: sessions, turns, steering, comments, compactions, review approvals,
+//! closes.
 
 use serde_json::{json, Value};
 
@@ -57,6 +58,22 @@ impl Actor {
             14 if self.temper.closes && self.chance(1, 10) => {
                 let p = json!({"channel": format!("axp-session:/{session}")});
                 self.mutate("_axp/close", p);
+            }
+            16..=17 => {
+                let Some(id) = board.proposals.get(&session).cloned() else {
+                    return;
+                };
+                let p = json!({"channel": format!("axp-session:/{session}"), "proposalId": id});
+                self.mutate("_axp/acceptCompaction", p);
+            }
+            18..=19 => {
+                // Approve the review observers last saw, with this maintainer's own key.
+                let Some(manifest) = board.reviews.get(&session).cloned() else {
+                    return;
+                };
+                let p = json!({"channel": format!("axp-session:/{session}"),
+                               "signature": self.sign(&manifest)});
+                self.mutate("_axp/approveReview", p);
             }
             15 => {
                 // An executor command on a session with no grant of ours: refused, not invalid.

@@ -5,12 +5,15 @@
 //!   grants itself a budget on a session, claims the session's lease (with `resumeEpoch`
 //!   after it lost one), renews on its heartbeat (sometimes late, so leases expire), reserves
 //!   the maintainers' turns, streams output, and settles with reported usage, an overspend or
-//!   nothing. Now and then it releases, revokes its own grant, or sends a fenced command with
-//!   a stale epoch. Every mutation whose answer a cut connection swallowed is sent again,
+//!   nothing. Between turns it uploads blobs, records Git checkpoints over them, proposes
+//!   compactions, and reviews its checkpoint: it reads the export and signs a manifest of the
+//!   checkpoint and the trace it shows, racing new checkpoints and lease changes. Now and then it releases, revokes its own grant, or sends a fenced command
+//!   with a stale epoch. Every mutation whose answer a cut connection swallowed is sent again,
 //!   byte for byte (same `operationId`), as the first thing on the next connection; some are
 //!   sent twice on purpose.
 //! - A **maintainer** creates sessions, starts turns (`dispatchAction` and `_axp/dispatch`),
-//!   steers and queues messages, cancels turns, comments and, rarely, closes a session.
+//!   steers and queues messages, cancels turns, comments, accepts pending compactions,
+//!   approves reviews with its own key and, rarely, closes a session.
 //! - An **observer** mirrors `axp-executors://` and every session's exchange with the
 //!   reducer in [`crate::axp::replica`], and tries commands its role may not run.
 //!
@@ -30,6 +33,7 @@ use crate::axp::replica::{Mirror, EXECUTORS};
 mod executor;
 mod maintainer;
 mod observer;
+pub(crate) mod signing;
 
 /// What a role is.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -76,6 +80,13 @@ pub struct Board {
     pub turns: BTreeMap<String, Vec<String>>,
     /// Sessions whose creation was acknowledged.
     pub sessions: BTreeSet<String>,
+    /// Each session's context `(revision, throughTurn)`, as observers last saw it.
+    pub contexts: BTreeMap<String, (u64, u64)>,
+    /// Each session's pending compaction proposal id, as observers last saw it.
+    pub proposals: BTreeMap<String, String>,
+    /// Each session's review still waiting for a maintainer: its manifest, as observers last
+    /// saw it.
+    pub reviews: BTreeMap<String, Value>,
 }
 
 /// Draws an actor's behaviour.
@@ -124,6 +135,10 @@ pub struct Actor {
     last_epoch: BTreeMap<String, u64>,
     work: Option<Work>,
     tried: BTreeSet<String>,
+    /// Blob references this executor uploaded, by session (what its checkpoints name).
+    blobs: BTreeMap<String, Vec<Value>>,
+    /// Sessions this executor recorded a checkpoint on (what it may review).
+    checkpointed: BTreeSet<String>,
     // Maintainer.
     client_seq: u64,
     turns_started: u64,
@@ -170,6 +185,8 @@ impl Actor {
             last_epoch: BTreeMap::new(),
             work: None,
             tried: BTreeSet::new(),
+            blobs: BTreeMap::new(),
+            checkpointed: BTreeSet::new(),
             client_seq: 0,
             turns_started: 0,
             mirrors: BTreeMap::new(),
@@ -301,7 +318,7 @@ impl Actor {
     pub fn on_frame(&mut self, text: &str, board: &mut Board) -> Result<(), String> {
         let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
         if v.get("method").and_then(Value::as_str) == Some("action") {
-            return self.on_action(v.get("params").unwrap_or(&Value::Null));
+            return self.on_action(v.get("params").unwrap_or(&Value::Null), board);
         }
         if v.get("method").is_some() {
             return Ok(());
@@ -386,7 +403,7 @@ impl Actor {
         Ok(())
     }
 
-    fn on_action(&mut self, env: &Value) -> Result<(), String> {
+    fn on_action(&mut self, env: &Value, board: &mut Board) -> Result<(), String> {
         let seq = env["serverSeq"]
             .as_u64()
             .ok_or("an envelope without serverSeq")?;
@@ -408,6 +425,28 @@ impl Actor {
             return Ok(());
         }
         m.apply(channel, &env["action"], seq)
-            .map_err(|e| format!("observer {}: {e}", self.index))
+            .map_err(|e| format!("observer {}: {e}", self.index))?;
+        // What executors and maintainers need to propose and accept compactions.
+        if let Some(session) = channel.strip_prefix("axp-session:/") {
+            let ctx = &m.state["context"];
+            let at = (
+                ctx["revision"].as_u64().unwrap_or(0),
+                ctx["throughTurn"].as_u64().unwrap_or(0),
+            );
+            board.contexts.insert(session.to_owned(), at);
+            match m.state["compaction"]["id"].as_str() {
+                Some(id) => board.proposals.insert(session.to_owned(), id.to_owned()),
+                None => board.proposals.remove(session),
+            };
+            let review = &m.state["review"];
+            if review.is_object() && review["maintainer"].is_null() {
+                board
+                    .reviews
+                    .insert(session.to_owned(), review["manifest"].clone());
+            } else {
+                board.reviews.remove(session);
+            }
+        }
+        Ok(())
     }
 }

@@ -39,6 +39,15 @@ impl Actor {
                 let p = json!({"channel": format!("axp-session:/{session}")});
                 self.send("_axp/export", p);
             }
+            3 => {
+                // Neither approving nor verifying is an observer's (-32009).
+                let Some(manifest) = board.reviews.values().next().cloned() else {
+                    return;
+                };
+                let p = json!({"channel": format!("axp-session:/{session}"),
+                               "signature": self.sign(&manifest)});
+                self.mutate("_axp/approveReview", p);
+            }
             _ => {}
         }
     }
