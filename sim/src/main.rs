@@ -284,6 +284,8 @@ struct AxpTotals {
     checkpoints: u64,
     compactions: (u64, u64),
     reviews: (u64, u64),
+    /// Lessons proposed and reviewed, searches and the lessons they listed, memory events.
+    memory: (u64, u64, u64, u64, u64),
     refusals: BTreeMap<i64, u64>,
 }
 
@@ -315,6 +317,12 @@ impl AxpTotals {
         self.compactions.1 += o.compactions.1;
         self.reviews.0 += o.reviews.0;
         self.reviews.1 += o.reviews.1;
+        let m = &o.memory;
+        self.memory.0 += m.proposals;
+        self.memory.1 += m.reviews;
+        self.memory.2 += m.searches.0;
+        self.memory.3 += m.searches.1;
+        self.memory.4 += m.events;
         for (code, n) in &o.refusals {
             *self.refusals.entry(*code).or_default() += n;
         }
@@ -340,6 +348,10 @@ impl AxpTotals {
         println!(
             "  {:>9}  reviews submitted ({} approved)",
             self.reviews.0, self.reviews.1
+        );
+        println!(
+            "  {:>9}  lessons proposed, {} reviewed, {} searches listing {}, {} memory events",
+            self.memory.0, self.memory.1, self.memory.2, self.memory.3, self.memory.4
         );
         println!(
             "  {:>9}  fenced commands with a stale epoch (changed nothing)",

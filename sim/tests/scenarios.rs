@@ -985,4 +985,34 @@ mod axp {
             "no review was approved"
         );
     }
+
+    #[test]
+    fn axp_lessons_are_proposed_and_reviewed_in_races_and_scoped_callers_see_only_their_own() {
+        // Three executors on two sessions propose the same few lessons, two maintainers review
+        // them at the revisions they heard of, and of two observers one is scoped to a0: the
+        // memory oracle checks revisions and who is shown which evidence on every frame.
+        let r = runs(|o| {
+            o.actors = (3, 2, 2);
+            o.contributors = 3;
+            o.sessions = vec!["a0".into(), "a1".into()];
+            o.duration_ms = 40_000;
+        });
+        assert!(
+            total(&r, |r| r.oracle.memory.proposals) > 0,
+            "no lesson was proposed"
+        );
+        assert!(
+            total(&r, |r| r.oracle.memory.reviews) > 0,
+            "no lesson was reviewed"
+        );
+        assert!(
+            total(&r, |r| r.oracle.memory.searches.1) > 0,
+            "no search listed a lesson"
+        );
+        assert!(
+            total(&r, |r| r.oracle.memory.events) > 0,
+            "no memory event was watched"
+        );
+        assert!(refused(&r, -32011) > 0, "no review lost a race");
+    }
 }

@@ -10,7 +10,8 @@
 //!   and killed restarts) and the two phases.
 //! - [`actors`]: the roles, one file each (`executor.rs`, `maintainer.rs`, `observer.rs`) around
 //!   the shared connection and frame handling in `actors/mod.rs`.
-//! - [`oracle`]: fencing, one winner per epoch, money, exactly-once, roles, shape.
+//! - [`oracle`]: fencing, one winner per epoch, money, exactly-once, roles, shape; and
+//!   [`memory_oracle`]: lesson revisions and who may see a lesson's evidence.
 //! - [`replica`]: the observers' reducer, written from the specification.
 //!
 //! The AHP world's rule "after a failed commit the host equals a host built from the store" is
@@ -19,6 +20,7 @@
 //! every revealed epoch and settlement.
 
 pub mod actors;
+pub mod memory_oracle;
 pub mod oracle;
 pub mod replica;
 pub mod world;

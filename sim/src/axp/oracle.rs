@@ -30,12 +30,16 @@
 //!    revision never goes back, changes only upward, never below one revealed (across failed
 //!    commits and restarts), and an accepted context's `gitHead` is the checkpoint head it was
 //!    accepted at.
+//! 8. *Repository memory* ([`super::memory_oracle`]): lesson revisions strictly increase, and a
+//!    lesson's evidence is never shown to a caller who cannot read its sessions.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use axhost_core::canonical::hash_object;
 use axhost_core::{AxpInspect, ConnId, Principal, Role};
 use serde_json::Value;
+
+use super::memory_oracle::{MemoryOracle, MemoryStats};
 
 /// Counters for the report.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -60,6 +64,8 @@ pub struct OracleStats {
     pub reviews: (u64, u64),
     /// Commands refused, by code.
     pub refusals: BTreeMap<i64, u64>,
+    /// Repository memory.
+    pub memory: MemoryStats,
 }
 
 /// A request in flight, by connection and raw id.
@@ -111,6 +117,8 @@ pub struct AxpOracle {
     pub store_faults: bool,
     /// Counters.
     pub stats: OracleStats,
+    /// Invariant 8.
+    memory: MemoryOracle,
 }
 
 const FENCED: [&str; 6] = [
@@ -132,7 +140,10 @@ fn role_may(role: Role, method: &str) -> bool {
         | "_axp/reserve" | "_axp/settle" | "_axp/emit" | "_axp/checkpoint" | "_axp/compact" => {
             matches!(role, Role::Maintainer | Role::Contributor)
         }
-        "_axp/acceptCompaction" | "_axp/approveReview" => role == Role::Maintainer,
+        "_axp/acceptCompaction" | "_axp/approveReview" | "_axp/memoryReview" => {
+            role == Role::Maintainer
+        }
+        "_axp/memoryPropose" => matches!(role, Role::Maintainer | Role::Contributor),
         "_axp/review" => matches!(role, Role::Maintainer | Role::Contributor),
         "_axp/verify" => role == Role::Verifier,
         "_axp/comment" | "_axp/blobPut" => role != Role::Observer,
@@ -157,12 +168,14 @@ impl AxpOracle {
     pub fn connected(&mut self, conn: ConnId, principal: &Principal) {
         self.conns
             .insert(conn, (principal.id.clone(), principal.role));
+        self.memory.connected(conn, principal);
     }
 
     /// The driver fed `Input::Closed`.
     pub fn closed(&mut self, conn: ConnId) {
         self.conns.remove(&conn);
         self.asked.retain(|(c, _), _| *c != conn);
+        self.memory.closed(conn);
     }
 
     /// The driver is about to feed a message from `conn`.
@@ -193,7 +206,11 @@ impl AxpOracle {
             .and_then(Value::as_str)
             .and_then(session_of);
         let mut invalid_ok = false;
-        if method == "_axp/dispatch" || method == "dispatchAction" {
+        if method == "_axp/memoryPropose" {
+            // Whether the session has events in the range, and the range is not past
+            // `serverSeq`, are state checks the reference answers -32602.
+            invalid_ok = true;
+        } else if method == "_axp/dispatch" || method == "dispatchAction" {
             let state = session.and_then(|s| inspect().exchanges.get(s).cloned());
             invalid_ok = state.is_none_or(|ex| ex["status"] == "closed");
         } else if method == "_axp/claim" {
@@ -273,6 +290,7 @@ impl AxpOracle {
     /// Every state invariant, and monotonicity against the last state of this process.
     pub fn state(&mut self, host: AxpInspect) -> Result<(), String> {
         self.stats.states_checked += 1;
+        self.memory.state(&host.memory)?;
         for (id, ex) in &host.exchanges {
             shape(id, ex)?;
             money(id, ex)?;
@@ -303,6 +321,7 @@ impl AxpOracle {
     /// one, so this process's history starts again.
     pub fn rolling_back(&mut self) {
         self.last.clear();
+        self.memory.rolling_back();
         self.stale = None;
         self.contested = None;
     }
@@ -332,6 +351,7 @@ impl AxpOracle {
     pub fn restarted(&mut self) {
         self.conns.clear();
         self.asked.clear();
+        self.memory.restarted();
     }
 
     /// A frame leaves the host for `conn`.
@@ -339,7 +359,12 @@ impl AxpOracle {
         let v: Value =
             serde_json::from_str(frame).map_err(|e| format!("host frame is not JSON: {e}"))?;
         if v.get("method").and_then(Value::as_str) == Some("action") {
-            return self.on_action(v.get("params").unwrap_or(&Value::Null));
+            let env = v.get("params").unwrap_or(&Value::Null);
+            if env["channel"] == "axp-memory://" {
+                self.memory.on_event(conn, env)?;
+                self.stats.memory = self.memory.stats.clone();
+            }
+            return self.on_action(env);
         }
         let Some(id) = v.get("id") else {
             return Ok(());
@@ -348,7 +373,11 @@ impl AxpOracle {
             return Ok(());
         };
         match (v.get("result"), v.get("error")) {
-            (Some(result), _) => self.on_result(&asked, result),
+            (Some(result), _) => {
+                self.memory.on_result(conn, &asked.method, result)?;
+                self.stats.memory = self.memory.stats.clone();
+                self.on_result(&asked, result)
+            }
             (_, Some(error)) => self.on_error(&asked, error),
             _ => Err(format!(
                 "an answer to {} with neither result nor error",

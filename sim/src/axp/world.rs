@@ -13,7 +13,9 @@
 
 use std::collections::BTreeMap;
 
-use axhost_core::{Change, ConnId, Host, HostConfig, Input, Instant, Now, Output, Principal, Role};
+use axhost_core::{
+    Change, ConnId, Host, HostConfig, Input, Instant, Now, Output, Principal, Role, SessionScope,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use sha2::{Digest as _, Sha256};
@@ -238,6 +240,9 @@ impl AxpWorld {
         let limits = axhost_core::Limits {
             grants_per_session_max: 4,
             executors_max: 4,
+            // Four lessons race for the same ids; small bounds are reached too.
+            memory_lessons_max: 3,
+            memory_evidence_max: 4,
             ..axhost_core::Limits::default()
         };
         let config = HostConfig {
@@ -266,7 +271,13 @@ impl AxpWorld {
                     principal(&format!("m{i}"), Role::Maintainer),
                 )
             } else {
-                (Kind::Observer, principal(&format!("o{i}"), Role::Observer))
+                // Every other observer is scoped to the first session: what it may not read
+                // (other sessions, lessons citing them) must never reach it.
+                let mut p = principal(&format!("o{i}"), Role::Observer);
+                if options.sessions.len() > 1 && i % 2 == 1 {
+                    p.sessions = SessionScope::Only([options.sessions[0].clone()].into());
+                }
+                (Kind::Observer, p)
             };
             let rng = ChaCha8Rng::seed_from_u64(root.random());
             let temper = Temper {
@@ -736,11 +747,10 @@ impl AxpWorld {
                 return Some(format!("executor {} still holds work", a.index));
             }
             if a.kind == Kind::Observer {
-                let missing = self
-                    .board
-                    .sessions
-                    .iter()
-                    .find(|s| !a.mirrors.contains_key(&format!("axp-session:/{s}")));
+                let missing = self.board.sessions.iter().find(|s| {
+                    a.principal.can_read_session(s)
+                        && !a.mirrors.contains_key(&format!("axp-session:/{s}"))
+                });
                 if let Some(s) = missing {
                     return Some(format!("observer {} does not mirror {s}", a.index));
                 }

@@ -74,6 +74,9 @@ impl Actor {
                 if self.chance(1, 8) {
                     return self.artifact(&held, board);
                 }
+                if self.chance(1, 12) {
+                    return self.propose_lesson(&held.session);
+                }
                 if self.chance(1, 25) {
                     let params = self.fenced(&held);
                     return self.mutate("_axp/release", params);

@@ -1,5 +1,5 @@
 //! The maintainer role: sessions, turns, steering, comments, compactions, review approvals,
-//! closes.
+//! lesson reviews, closes.
 
 use serde_json::{json, Value};
 
@@ -25,7 +25,7 @@ impl Actor {
             }
         };
         let chat = format!("ahp-chat:/{session}");
-        match self.below(20) {
+        match self.below(24) {
             0..=7 => {
                 self.turns_started += 1;
                 let turn = format!("t{}-{}", self.index, self.turns_started);
@@ -80,6 +80,9 @@ impl Actor {
                 let p = json!({"channel": format!("axp-session:/{session}"), "epoch": 1});
                 self.mutate("_axp/renew", p);
             }
+            20..=21 => self.review_lesson(board),
+            22 => self.recall(board),
+            23 => self.send("subscribe", json!({"channel": super::memory::MEMORY})),
             _ => {}
         }
     }

@@ -14,8 +14,11 @@
 //! - A **maintainer** creates sessions, starts turns (`dispatchAction` and `_axp/dispatch`),
 //!   steers and queues messages, cancels turns, comments, accepts pending compactions,
 //!   approves reviews with its own key and, rarely, closes a session.
-//! - An **observer** mirrors `axp-executors://` and every session's exchange with the
-//!   reducer in [`crate::axp::replica`], and tries commands its role may not run.
+//! - An **observer** mirrors `axp-executors://` and every session's exchange it may read with
+//!   the reducer in [`crate::axp::replica`], and tries commands its role may not run. Some are
+//!   scoped to one session.
+//! - Every role uses repository memory ([`memory`]): executors propose lessons, maintainers
+//!   review them and watch `axp-memory://`, everyone searches.
 //!
 //! Requests whose params are deliberately invalid carry a string id, so the oracle can tell
 //! them from well-formed ones (which must never be refused as invalid).
@@ -32,6 +35,7 @@ use crate::axp::replica::{Mirror, EXECUTORS};
 
 mod executor;
 mod maintainer;
+mod memory;
 mod observer;
 pub(crate) mod signing;
 
@@ -87,6 +91,8 @@ pub struct Board {
     /// Each session's review still waiting for a maintainer: its manifest, as observers last
     /// saw it.
     pub reviews: BTreeMap<String, Value>,
+    /// Repository lessons heard of (answers and events), with the last revision heard.
+    pub lessons: BTreeMap<String, u64>,
 }
 
 /// Draws an actor's behaviour.
@@ -365,6 +371,20 @@ impl Actor {
                     board.sessions.insert(id.to_owned());
                 }
             }
+            "_axp/memoryPropose" | "_axp/memoryReview" => {
+                if let Some(r) = result {
+                    note_lesson(board, r);
+                }
+            }
+            "_axp/memorySearch" => {
+                for l in result
+                    .and_then(|r| r["items"].as_array())
+                    .into_iter()
+                    .flatten()
+                {
+                    note_lesson(board, l);
+                }
+            }
             "dispatchAction" | "_axp/dispatch" if result.is_some() => {
                 let action = &sent.params["action"];
                 if action["type"] == "chat/turnStarted" {
@@ -389,6 +409,10 @@ impl Actor {
     }
 
     fn mirror(&mut self, snapshot: &Value) -> Result<(), String> {
+        if snapshot["resource"] == memory::MEMORY {
+            // Watched for its events, not mirrored.
+            return Ok(());
+        }
         let resource = snapshot["resource"]
             .as_str()
             .ok_or("a snapshot without resource")?
@@ -417,6 +441,9 @@ impl Actor {
         let channel = env["channel"].as_str().unwrap_or("");
         if env.get("rejectionReason").is_some() {
             return Ok(());
+        }
+        if channel == memory::MEMORY {
+            note_lesson(board, &env["action"]["memory"]);
         }
         let Some(m) = self.mirrors.get_mut(channel) else {
             return Ok(());
@@ -448,5 +475,14 @@ impl Actor {
             }
         }
         Ok(())
+    }
+}
+
+/// Puts a lesson (as an answer or an event shows it) on the board, at the newest revision
+/// heard.
+fn note_lesson(board: &mut Board, lesson: &Value) {
+    if let (Some(id), Some(rev)) = (lesson["id"].as_str(), lesson["revision"].as_u64()) {
+        let known = board.lessons.entry(id.to_owned()).or_default();
+        *known = (*known).max(rev);
     }
 }

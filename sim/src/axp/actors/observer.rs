@@ -1,4 +1,5 @@
-//! The observer role: mirrors every exchange and tries what its role forbids.
+//! The observer role: mirrors every exchange it may read, recalls lessons, and tries what its
+//! role forbids.
 
 use serde_json::json;
 
@@ -14,6 +15,7 @@ impl Actor {
         let unmirrored: Vec<String> = board
             .sessions
             .iter()
+            .filter(|s| self.principal.can_read_session(s))
             .map(|s| format!("axp-session:/{s}"))
             .filter(|c| !self.mirrors.contains_key(c))
             .collect();
@@ -48,6 +50,15 @@ impl Actor {
                                "signature": self.sign(&manifest)});
                 self.mutate("_axp/approveReview", p);
             }
+            4..=5 => self.recall(board),
+            6 => {
+                // Neither proposing a lesson nor watching memory directly is an observer's.
+                let p = json!({"channel": format!("axp-session:/{session}"), "title": "t",
+                               "trigger": "g", "lesson": "l", "outcome": "success",
+                               "fromSeq": 1, "toSeq": 1});
+                self.mutate("_axp/memoryPropose", p);
+            }
+            7 => self.send("subscribe", json!({"channel": super::memory::MEMORY})),
             _ => {}
         }
     }
