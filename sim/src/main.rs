@@ -284,6 +284,7 @@ struct AxpTotals {
     checkpoints: u64,
     compactions: (u64, u64),
     reviews: (u64, u64),
+    verifications: u64,
     refusals: BTreeMap<i64, u64>,
 }
 
@@ -315,6 +316,7 @@ impl AxpTotals {
         self.compactions.1 += o.compactions.1;
         self.reviews.0 += o.reviews.0;
         self.reviews.1 += o.reviews.1;
+        self.verifications += o.verifications;
         for (code, n) in &o.refusals {
             *self.refusals.entry(*code).or_default() += n;
         }
@@ -341,6 +343,7 @@ impl AxpTotals {
             "  {:>9}  reviews submitted ({} approved)",
             self.reviews.0, self.reviews.1
         );
+        println!("  {:>9}  verifications recorded", self.verifications);
         println!(
             "  {:>9}  fenced commands with a stale epoch (changed nothing)",
             self.stale
