@@ -105,8 +105,9 @@ pub struct Limits {
     pub held_message_bytes_max: u64,
     /// Lessons AXP repository memory holds, every status (lessons are never deleted; a retired
     /// one still counts); a new lesson gets `-32043` above. The host keeps every lesson in
-    /// memory with its search index: measured, ~2.3 KB of RSS per lesson of ~1 KB of text
-    /// (`benches/memory.rs`), so ~230 MB at this default. The AXP host has no such bound.
+    /// memory with its search index: measured, ~4.2 KB of RSS per lesson of ~1 KB of text
+    /// (`benches/memory.rs`), so ~420 MB at this default, and ~6.5 s to load them at start.
+    /// The AXP host has no such bound.
     pub memory_lessons_max: u32,
     /// Evidence entries one lesson holds; proposing it again from new evidence gets `-32043`
     /// above. Bounds the size of a lesson and of each `_axp/memoryChanged` (~120 bytes an

@@ -7,16 +7,19 @@
 //! The index therefore keeps
 //! - the distinct words of all lessons, each with the lessons holding it, and for every byte
 //!   trigram the words holding it: a token of three or more characters is looked for only in
-//!   the words that hold its rarest trigram, then each match brings its lessons;
+//!   the words that hold all its trigrams, then each match brings its lessons. A trigram held
+//!   by many words (a *heavy* one, [`HEAVY_WORDS`]) also keeps the lessons holding it, so a
+//!   three-byte token such as "the" is one set, not the union of hundreds;
 //! - for every single character and pair of adjacent characters inside a word, the lessons
 //!   holding it: a token of one or two characters is answered from there directly (such tokens
 //!   occur in most words, and uniting those words' lessons would cost more than the scan).
 //!
 //! Every answer is exact: no lesson is scored from an estimate. A lesson's text never changes
 //! (its id is the hash of it), so each lesson is indexed once, into a slot numbered in
-//! indexing order; status and evidence, which do change, are kept per slot and checked at query
-//! time. A lesson removed by a rolled-back commit keeps its slot, unmarked; its id, and so its
-//! text, is the same if it is proposed again.
+//! indexing order; status and evidence, which do change, are kept per slot (a bitmap of
+//! accepted slots, the slots citing each session) and applied at query time ([`query`]). A
+//! lesson removed by a rolled-back commit keeps its slot, unmarked; its id, and so its text, is
+//! the same if it is proposed again.
 
 use regex::Regex;
 
@@ -37,14 +40,25 @@ fn token_regex() -> &'static Regex {
 /// Dense tables for pairs of ASCII characters: 128 single characters, then 128 × 128 pairs.
 const ASCII_GRAMS: usize = 128 + 128 * 128;
 
+/// Words a byte trigram is held by before the index also keeps the lessons holding it. Below,
+/// uniting the words' lessons costs little; above, the set is cheaper (kept as a list or a
+/// bitmap, whichever is smaller). There are at most (trigrams of the vocabulary) / 128 of them.
+pub(crate) const HEAVY_WORDS: usize = 128;
+
+/// The words holding one byte trigram, and for a heavy one the lessons holding it.
+#[derive(Debug, Default)]
+struct Trigram {
+    /// Ascending.
+    words: Vec<u32>,
+    /// Into `heavy`, once the trigram has [`HEAVY_WORDS`] words.
+    heavy: Option<u32>,
+}
+
 /// One indexed lesson.
 #[derive(Debug)]
 struct Slot {
     id: String,
-    /// The id's first 16 hex digits, for ordering without comparing strings.
-    key: u64,
-    scope: u32,
-    /// Its evidence sessions, interned.
+    /// Its evidence sessions, interned, sorted, without repeats.
     sessions: Vec<u32>,
 }
 
@@ -82,21 +96,37 @@ impl Interner {
 pub(crate) struct LessonIndex {
     tokens: &'static Regex,
     slots: Vec<Slot>,
+    /// Each slot's id's first 16 hex digits (hex digits order as their values do), kept
+    /// apart from the slots so ranking reads them densely.
+    keys: Vec<u64>,
     slot_of: SecretMap<String, u32>,
     /// Bit per slot: the lesson is present and `accepted`.
     accepted: Vec<u64>,
     scopes: Interner,
+    /// Slots of each scope.
+    scope_slots: Vec<Postings>,
     sessions: Interner,
+    /// Slots citing each session as evidence (exact: evidence can also shrink, on a rollback).
+    session_slots: Vec<Postings>,
+    /// Slots citing no session at all (none this host writes; visible to everyone, as
+    /// `every` of nothing is true in the reference).
+    unevidenced: Postings,
     /// Distinct words of all lessons, and the lessons holding each.
     words: SecretMap<Box<str>, u32>,
     word_text: Vec<Box<str>>,
     word_lessons: Vec<Postings>,
-    /// Byte trigram (`b0 << 16 | b1 << 8 | b2`) → words holding it, ascending.
-    trigram_words: SecretMap<u32, Vec<u32>>,
+    /// Byte trigram (`b0 << 16 | b1 << 8 | b2`) → words holding it.
+    trigrams: SecretMap<u32, Trigram>,
+    /// Lessons holding each heavy trigram.
+    heavy: Vec<Postings>,
+    /// Each word's heavy trigrams (into `heavy`).
+    word_heavy: Vec<Vec<u32>>,
     /// Lessons holding a single ASCII character or pair of them inside a word.
     ascii_grams: Vec<Postings>,
     /// The same for characters and pairs outside ASCII, by [`gram_key`].
     grams: SecretMap<u64, Postings>,
+    /// Scratch for indexing: a bit per ASCII gram, all clear between lessons.
+    ascii_seen: Vec<u64>,
 }
 
 /// Key of one character, or of a pair (characters are below 2^21).
@@ -123,18 +153,10 @@ fn trigram(w: &[u8]) -> u32 {
     u32::from(w[0]) << 16 | u32::from(w[1]) << 8 | u32::from(w[2])
 }
 
-/// The first 16 hex digits of an id as a number (hex digits order as their values do).
+/// The first 16 hex digits of an id as a number.
 fn id_key(id: &str) -> u64 {
     let prefix = id.get(..16).unwrap_or(id);
     u64::from_str_radix(prefix, 16).unwrap_or(0)
-}
-
-/// A candidate in the ranking: score (higher first), then id (lower first).
-#[derive(Clone, Copy)]
-struct Ranked {
-    score: u32,
-    key: u64,
-    slot: u32,
 }
 
 impl LessonIndex {
@@ -144,16 +166,23 @@ impl LessonIndex {
         LessonIndex {
             tokens: token_regex(),
             slots: Vec::new(),
+            keys: Vec::new(),
             slot_of: SecretMap::with_hasher(secret("memory slots")),
             accepted: Vec::new(),
             scopes: Interner::new(secret("memory scopes")),
+            scope_slots: Vec::new(),
             sessions: Interner::new(secret("memory sessions")),
+            session_slots: Vec::new(),
+            unevidenced: Postings::default(),
             words: SecretMap::with_hasher(secret("memory words")),
             word_text: Vec::new(),
             word_lessons: Vec::new(),
-            trigram_words: SecretMap::with_hasher(secret("memory trigrams")),
+            trigrams: SecretMap::with_hasher(secret("memory trigrams")),
+            heavy: Vec::new(),
+            word_heavy: Vec::new(),
             ascii_grams: vec![Postings::default(); ASCII_GRAMS],
             grams: SecretMap::with_hasher(secret("memory grams")),
+            ascii_seen: Vec::new(),
         }
     }
 
@@ -177,11 +206,28 @@ impl LessonIndex {
             Some(&slot) => slot,
             None => self.add(entry),
         };
-        let sessions: Vec<u32> = entry
+        let n = self.slots.len();
+        let mut sessions: Vec<u32> = entry
             .evidence
             .iter()
             .map(|e| self.sessions.intern(&e.session))
             .collect();
+        sessions.sort_unstable();
+        sessions.dedup();
+        self.session_slots
+            .resize_with(self.sessions.names.len(), Postings::default);
+        let old = std::mem::take(&mut self.slots[slot as usize].sessions);
+        for s in old.iter().filter(|s| sessions.binary_search(s).is_err()) {
+            self.session_slots[*s as usize].remove(slot);
+        }
+        for s in sessions.iter().filter(|s| old.binary_search(s).is_err()) {
+            self.session_slots[*s as usize].insert(slot, n);
+        }
+        if sessions.is_empty() {
+            self.unevidenced.insert(slot, n);
+        } else {
+            self.unevidenced.remove(slot);
+        }
         self.slots[slot as usize].sessions = sessions;
         self.mark(slot, entry.status == MemoryStatus::Accepted);
     }
@@ -211,12 +257,14 @@ impl LessonIndex {
         let slot = self.slots.len() as u32;
         let slots = self.slots.len() + 1;
         let scope = self.scopes.intern(&entry.scope);
+        self.scope_slots
+            .resize_with(self.scopes.names.len(), Postings::default);
+        self.scope_slots[scope as usize].push(slot, slots);
         self.slots.push(Slot {
             id: entry.id.clone(),
-            key: id_key(&entry.id),
-            scope,
             sessions: Vec::new(),
         });
+        self.keys.push(id_key(&entry.id));
         self.slot_of.insert(entry.id.clone(), slot);
         // The whole text is lowercased before it is split, as the reference does (a final
         // sigma depends on what follows it, across separators).
@@ -226,49 +274,87 @@ impl LessonIndex {
             .find_iter(&text)
             .map(|m| (m.start(), m.end()))
             .collect();
+        // Each distinct gram of the lesson is added once: ASCII ones marked in a scratch
+        // bitmap (cleared again below), others sorted.
+        let mut seen = std::mem::take(&mut self.ascii_seen);
+        seen.resize(ASCII_GRAMS.div_ceil(64), 0);
+        let mut ascii = Vec::new();
+        let mut other = Vec::new();
         for (start, end) in runs {
             let word = &text[start..end];
-            let w = self.word(word);
-            self.word_lessons[w as usize].add(slot, slots);
+            let w = self.word(word, slots);
+            if !self.word_lessons[w as usize].push(slot, slots) {
+                // Seen earlier in this lesson: its grams are in.
+                continue;
+            }
+            for &h in &self.word_heavy[w as usize] {
+                self.heavy[h as usize].push(slot, slots);
+            }
             let mut prev: Option<char> = None;
             for c in word.chars() {
-                self.gram(c, None, slot, slots);
-                if let Some(p) = prev {
-                    self.gram(p, Some(c), slot, slots);
+                for gram in [Some((c, None)), prev.map(|p| (p, Some(c)))]
+                    .into_iter()
+                    .flatten()
+                {
+                    match ascii_gram(gram.0, gram.1) {
+                        Some(i) if seen[i / 64] & (1 << (i % 64)) == 0 => {
+                            seen[i / 64] |= 1 << (i % 64);
+                            ascii.push(i);
+                        }
+                        Some(_) => {}
+                        None => other.push(gram_key(gram.0, gram.1)),
+                    }
                 }
                 prev = Some(c);
             }
         }
+        for i in ascii {
+            self.ascii_grams[i].push(slot, slots);
+            seen[i / 64] = 0;
+        }
+        self.ascii_seen = seen;
+        other.sort_unstable();
+        other.dedup();
+        for key in other {
+            self.grams.entry(key).or_default().push(slot, slots);
+        }
         slot
     }
 
-    /// The number of `word`, added to the vocabulary if new.
-    fn word(&mut self, word: &str) -> u32 {
+    /// The number of `word`, added to the vocabulary if new (`slots` slots exist).
+    fn word(&mut self, word: &str, slots: usize) -> u32 {
         if let Some(&w) = self.words.get(word) {
             return w;
         }
         let w = self.word_text.len() as u32;
         self.word_text.push(word.into());
         self.word_lessons.push(Postings::default());
+        self.word_heavy.push(Vec::new());
         self.words.insert(word.into(), w);
         for t in word.as_bytes().windows(3) {
-            let list = self.trigram_words.entry(trigram(t)).or_default();
-            if list.last() != Some(&w) {
-                list.push(w);
+            let entry = self.trigrams.entry(trigram(t)).or_default();
+            if entry.words.last() == Some(&w) {
+                continue;
+            }
+            entry.words.push(w);
+            match entry.heavy {
+                Some(h) => self.word_heavy[w as usize].push(h),
+                None if entry.words.len() >= HEAVY_WORDS => {
+                    // It turns heavy: its lessons are those of its words so far (the new word
+                    // has none yet; the caller adds them through `word_heavy`).
+                    let h = self.heavy.len() as u32;
+                    entry.heavy = Some(h);
+                    let mut bits = vec![0u64; slots.div_ceil(64)];
+                    for &v in &entry.words {
+                        self.word_lessons[v as usize].or_into(&mut bits);
+                        self.word_heavy[v as usize].push(h);
+                    }
+                    self.heavy.push(Postings::from_bits(&bits, slots));
+                }
+                None => {}
             }
         }
         w
-    }
-
-    fn gram(&mut self, a: char, b: Option<char>, slot: u32, slots: usize) {
-        match ascii_gram(a, b) {
-            Some(i) => self.ascii_grams[i].add(slot, slots),
-            None => self
-                .grams
-                .entry(gram_key(a, b))
-                .or_default()
-                .add(slot, slots),
-        }
     }
 
     /// ORs into `out` the slots whose text holds `token` (one of [`Self::tokens`]).
@@ -286,173 +372,72 @@ impl LessonIndex {
         }
     }
 
-    /// A token of three or more characters (so three or more bytes): the words holding its
-    /// rarest byte trigram that hold all of it, and their lessons.
+    /// A token of three or more characters (so three or more bytes): the words holding all its
+    /// byte trigrams (the rarest list, narrowed by the others) that hold all of it, and their
+    /// lessons.
     fn long_token_lessons(&self, token: &str, out: &mut [u64]) {
-        let mut rarest: Option<&Vec<u32>> = None;
-        for t in token.as_bytes().windows(3) {
-            match self.trigram_words.get(&trigram(t)) {
+        let bytes = token.as_bytes();
+        let mut lists = Vec::with_capacity(bytes.len() - 2);
+        for t in bytes.windows(3) {
+            match self.trigrams.get(&trigram(t)) {
+                // A three-byte token that is a heavy trigram: its lessons are kept.
+                Some(Trigram { heavy: Some(h), .. }) if bytes.len() == 3 => {
+                    return self.heavy[*h as usize].or_into(out);
+                }
+                Some(entry) => lists.push(&entry.words),
                 // A trigram no word holds: neither does any word hold the token.
                 None => return,
-                Some(list) if rarest.is_none_or(|r| list.len() < r.len()) => rarest = Some(list),
-                Some(_) => {}
             }
         }
-        for &w in rarest.into_iter().flatten() {
-            if self.word_text[w as usize].contains(token) {
+        lists.sort_by_key(|l| l.len());
+        lists.dedup_by_key(|l| l.as_ptr());
+        let Some((rarest, others)) = lists.split_first() else {
+            return;
+        };
+        // A three-byte token is its own trigram: every word listed holds it.
+        let exact = bytes.len() == 3;
+        let mut candidates: Vec<u32> = rarest.to_vec();
+        for list in others {
+            if candidates.is_empty() {
+                return;
+            }
+            intersect(&mut candidates, list);
+        }
+        for w in candidates {
+            let word = &self.word_text[w as usize];
+            if exact || contains(word.as_bytes(), bytes) {
                 self.word_lessons[w as usize].or_into(out);
             }
         }
     }
-
-    /// The reference's `search`: lessons of `scope` that are accepted and whose every
-    /// evidence session `can_read` allows (asked once per session), scored by how many
-    /// distinct query tokens their text holds; those scoring above zero (all of them for a
-    /// query without tokens), best first, then by id. The ids of the first `limit`, and how
-    /// many there are in all.
-    pub(crate) fn search(
-        &self,
-        scope: &str,
-        query: &str,
-        limit: usize,
-        can_read: &dyn Fn(&str) -> bool,
-    ) -> (Vec<&str>, usize) {
-        let Some(scope) = self.scopes.get(scope) else {
-            return (Vec::new(), 0);
-        };
-        let n = self.slots.len();
-        let words = n.div_ceil(64);
-        let tokens = self.tokens(query);
-        let mut scores = vec![0u32; if tokens.is_empty() { 0 } else { n }];
-        // Lessons that could score: accepted, holding at least one token.
-        let mut matched = vec![0u64; words];
-        if tokens.is_empty() {
-            for (m, a) in matched.iter_mut().zip(&self.accepted) {
-                *m = *a;
-            }
-        } else {
-            let mut these = vec![0u64; words];
-            for t in &tokens {
-                these.fill(0);
-                self.token_lessons(t, &mut these);
-                for (i, (w, m)) in these.iter().zip(matched.iter_mut()).enumerate() {
-                    let mut w = *w & self.accepted.get(i).copied().unwrap_or(0);
-                    *m |= w;
-                    while w != 0 {
-                        scores[i * 64 + w.trailing_zeros() as usize] += 1;
-                        w &= w - 1;
-                    }
-                }
-            }
-        }
-        // Whether each evidence session may be read: 0 not asked yet, 1 yes, 2 no.
-        let mut readable = vec![0u8; self.sessions.names.len()];
-        let mut visible = |slot: &Slot| {
-            slot.sessions.iter().all(|&s| {
-                let known = &mut readable[s as usize];
-                if *known == 0 {
-                    *known = if can_read(&self.sessions.names[s as usize]) {
-                        1
-                    } else {
-                        2
-                    };
-                }
-                *known == 1
-            })
-        };
-        let mut total = 0;
-        let mut best: Vec<Ranked> = Vec::with_capacity(limit + 1);
-        for (i, &w) in matched.iter().enumerate() {
-            let mut w = w;
-            while w != 0 {
-                let s = i * 64 + w.trailing_zeros() as usize;
-                w &= w - 1;
-                let slot = &self.slots[s];
-                if slot.scope != scope || !visible(slot) {
-                    continue;
-                }
-                total += 1;
-                let r = Ranked {
-                    score: scores.get(s).copied().unwrap_or(0),
-                    key: slot.key,
-                    slot: s as u32,
-                };
-                self.keep(&mut best, r, limit);
-            }
-        }
-        let ids = best
-            .iter()
-            .map(|r| self.slots[r.slot as usize].id.as_str())
-            .collect();
-        (ids, total)
-    }
-
-    /// Whether `a` ranks before `b`.
-    fn before(&self, a: &Ranked, b: &Ranked) -> bool {
-        if a.score != b.score {
-            return a.score > b.score;
-        }
-        if a.key != b.key {
-            return a.key < b.key;
-        }
-        self.slots[a.slot as usize].id < self.slots[b.slot as usize].id
-    }
-
-    /// Keeps `best` the first `limit` candidates in rank order, with `r` considered.
-    fn keep(&self, best: &mut Vec<Ranked>, r: Ranked, limit: usize) {
-        if limit == 0 {
-            return;
-        }
-        if best.len() == limit {
-            match best.last() {
-                Some(last) if self.before(&r, last) => {
-                    best.pop();
-                }
-                _ => return,
-            }
-        }
-        let at = best.partition_point(|x| self.before(x, &r));
-        best.insert(at, r);
-    }
-
-    /// Sizes of the index, for the benchmark and the docs.
-    pub(crate) fn stats(&self) -> IndexStats {
-        let grams: usize = self
-            .ascii_grams
-            .iter()
-            .chain(self.grams.values())
-            .map(Postings::heap_bytes)
-            .sum();
-        let words: usize = self
-            .word_lessons
-            .iter()
-            .map(Postings::heap_bytes)
-            .sum::<usize>()
-            + self
-                .word_text
-                .iter()
-                .map(|w| w.len() * 2 + 24)
-                .sum::<usize>();
-        let trigrams: usize = self
-            .trigram_words
-            .values()
-            .map(|l| l.capacity() * 4 + 32)
-            .sum();
-        IndexStats {
-            lessons: self.slots.len(),
-            words: self.word_text.len(),
-            index_bytes: grams + words + trigrams,
-        }
-    }
 }
 
-/// How big the index is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct IndexStats {
-    pub(crate) lessons: usize,
-    pub(crate) words: usize,
-    /// Approximate heap bytes of the postings, the vocabulary and its trigrams.
-    pub(crate) index_bytes: usize,
+/// Keeps in `a` (ascending) what ascending `b` also holds: by binary search when `a` is much
+/// shorter, else by walking both.
+fn intersect(a: &mut Vec<u32>, b: &[u32]) {
+    if a.len() * 16 < b.len() {
+        a.retain(|x| b.binary_search(x).is_ok());
+        return;
+    }
+    let mut j = 0;
+    a.retain(|x| {
+        while j < b.len() && b[j] < *x {
+            j += 1;
+        }
+        j < b.len() && b[j] == *x
+    });
+}
+
+/// Whether `needle` (at least 3 bytes) occurs in `hay`: candidates are words, a few bytes
+/// long, where a first-byte scan beats a general substring search's set-up.
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    let Some((&first, rest)) = needle.split_first() else {
+        return true;
+    };
+    if hay.len() < needle.len() {
+        return false;
+    }
+    (0..=hay.len() - needle.len()).any(|i| hay[i] == first && &hay[i + 1..i + needle.len()] == rest)
 }
 
 /// The reference's search, literally (for tests): every lesson's lowercase text scanned for
@@ -493,5 +478,6 @@ pub(crate) fn reference_search<'a>(
     )
 }
 
+mod query;
 #[cfg(test)]
 mod tests;

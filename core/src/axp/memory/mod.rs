@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use crate::axp::json_text;
 use crate::axp::memory::entry::MemoryEntry;
-use crate::axp::memory::index::{IndexStats, LessonIndex};
+use crate::axp::memory::index::LessonIndex;
 use crate::channel::MEMORY;
 use crate::error::RpcError;
 use crate::kernel::Kernel;
@@ -150,12 +150,6 @@ impl Memory {
             .filter_map(|id| self.entries.get(id))
             .collect();
         (items, total)
-    }
-
-    /// How big the search index is.
-    #[allow(dead_code)]
-    pub(crate) fn index_stats(&self) -> IndexStats {
-        self.index.stats()
     }
 }
 

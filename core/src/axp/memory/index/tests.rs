@@ -212,6 +212,26 @@ fn status_changes_and_removals_apply_at_once() {
     assert_eq!(b.search("r", "lock", 5, &|_| true).0, [id]);
 }
 
+#[test]
+fn a_trigram_held_by_many_words_keeps_exactly_the_lessons_holding_it() {
+    let mut b = Both::new();
+    // Words "xabcN" for N in 0..300, one a lesson, some lessons also holding "abx": "abc"
+    // turns heavy at the 128th word, with lessons indexed before and after.
+    for n in 0..300 {
+        let other = if n % 3 == 0 { "abx" } else { "zzz" };
+        b.put(entry("r", &format!("x{n}abc{n}"), other, "l", &["s"]));
+        if n % 50 == 0 {
+            b.search("r", "abc", 20, &|_| true);
+        }
+    }
+    let (_, total) = b.search("r", "abc", 20, &|_| true);
+    assert_eq!(total, 300);
+    assert_eq!(b.search("r", "abx", 20, &|_| true).1, 100);
+    assert_eq!(b.search("r", "bc1", 20, &|_| true).1, 111);
+    b.search("r", "abc abx 7ab zz", 20, &|_| true);
+    assert!(!b.index.heavy.is_empty());
+}
+
 /// Random lessons over a small alphabet (so tokens hit often and in many ways), with Unicode,
 /// separators and mixed case; random queries from pieces of them and from nothing.
 #[test]
@@ -252,7 +272,11 @@ fn generated_lessons_and_queries_agree_with_the_reference() {
         let limit = rng.random_range(1..=20);
         let hidden = format!("ahp-session:/s{}", rng.random_range(0..6));
         b.search("r", &query, limit, &|s| s != hidden);
+        // Only one session readable: visibility is worked out from the readable side.
+        b.search("r", &query, limit, &|s| s == hidden);
         b.search("r", &query, 400, &|_| true);
     }
     b.search("r", "", 400, &|_| true);
+    b.search("r", "", 7, &|s| s == "ahp-session:/s1");
+    b.search("other", "a", 7, &|_| true);
 }
