@@ -1,4 +1,4 @@
-//! AXP part 2 over real WebSocket against `axhost serve`: checkpoints (`_axp/checkpoint`), the
+//! AXP checkpoints and context over real WebSocket against `axhost serve`: checkpoints (`_axp/checkpoint`), the
 //! working context (`_axp/context`) and compaction (`_axp/compact`, `_axp/acceptCompaction`):
 //! every happy path, every error code, what observers see, and what survives a SIGKILL.
 //! Written against `../shared/reference/axp-host-notes.md` §4.2, §6, §10, §11 and §15; codes

@@ -286,6 +286,7 @@ struct AxpTotals {
     reviews: (u64, u64),
     /// Lessons proposed and reviewed, searches and the lessons they listed, memory events.
     memory: (u64, u64, u64, u64, u64),
+    verifications: u64,
     refusals: BTreeMap<i64, u64>,
 }
 
@@ -323,6 +324,7 @@ impl AxpTotals {
         self.memory.2 += m.searches.0;
         self.memory.3 += m.searches.1;
         self.memory.4 += m.events;
+        self.verifications += o.verifications;
         for (code, n) in &o.refusals {
             *self.refusals.entry(*code).or_default() += n;
         }
@@ -349,6 +351,7 @@ impl AxpTotals {
             "  {:>9}  reviews submitted ({} approved)",
             self.reviews.0, self.reviews.1
         );
+        println!("  {:>9}  verifications recorded", self.verifications);
         println!(
             "  {:>9}  lessons proposed, {} reviewed, {} searches listing {}, {} memory events",
             self.memory.0, self.memory.1, self.memory.2, self.memory.3, self.memory.4

@@ -62,6 +62,8 @@ pub struct OracleStats {
     pub compactions: (u64, u64),
     /// Reviews submitted, and approved, as acknowledged.
     pub reviews: (u64, u64),
+    /// Verifications acknowledged.
+    pub verifications: u64,
     /// Commands refused, by code.
     pub refusals: BTreeMap<i64, u64>,
     /// Repository memory.
@@ -465,6 +467,7 @@ impl AxpOracle {
             "_axp/acceptCompaction" => self.stats.compactions.1 += 1,
             "_axp/review" => self.stats.reviews.0 += 1,
             "_axp/approveReview" => self.stats.reviews.1 += 1,
+            "_axp/verify" => self.stats.verifications += 1,
             "_axp/claim" => {
                 let epoch = u(result, "/epoch");
                 let winner = Winner {

@@ -256,7 +256,9 @@ impl AxpWorld {
         let host = Host::new(config.clone(), store, root.random()).ok();
         let (executors, maintainers, observers) = options.actors;
         let mut actors = Vec::new();
-        for i in 0..executors + maintainers + observers {
+        // With two watchers, a verifier joins them.
+        let verifiers = usize::from(observers > 1);
+        for i in 0..executors + maintainers + observers + verifiers {
             let (kind, principal) = if i < executors {
                 let id = format!("c{}", i as u32 % options.contributors.max(1));
                 let role = if i == 0 && Ratio::new(1, 4).hit(&mut root) {
@@ -270,7 +272,7 @@ impl AxpWorld {
                     Kind::Maintainer,
                     principal(&format!("m{i}"), Role::Maintainer),
                 )
-            } else {
+            } else if i < executors + maintainers + observers {
                 // Every other observer is scoped to the first session: what it may not read
                 // (other sessions, lessons citing them) must never reach it.
                 let mut p = principal(&format!("o{i}"), Role::Observer);
@@ -278,6 +280,8 @@ impl AxpWorld {
                     p.sessions = SessionScope::Only([options.sessions[0].clone()].into());
                 }
                 (Kind::Observer, p)
+            } else {
+                (Kind::Verifier, principal(&format!("v{i}"), Role::Verifier))
             };
             let rng = ChaCha8Rng::seed_from_u64(root.random());
             let temper = Temper {

@@ -14,6 +14,8 @@
 //! - A **maintainer** creates sessions, starts turns (`dispatchAction` and `_axp/dispatch`),
 //!   steers and queues messages, cancels turns, comments, accepts pending compactions,
 //!   approves reviews with its own key and, rarely, closes a session.
+//! - A **verifier** uploads its run's output and records verifications of the checkpoint head
+//!   observers last saw (racing new checkpoints, so some name an old head and are refused).
 //! - An **observer** mirrors `axp-executors://` and every session's exchange it may read with
 //!   the reducer in [`crate::axp::replica`], and tries commands its role may not run. Some are
 //!   scoped to one session.
@@ -38,6 +40,7 @@ mod maintainer;
 mod memory;
 mod observer;
 pub(crate) mod signing;
+mod verifier;
 
 /// What a role is.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -48,6 +51,8 @@ pub enum Kind {
     Maintainer,
     /// Watches.
     Observer,
+    /// Runs the checks a checkpoint claims to pass and records the outcome.
+    Verifier,
 }
 
 /// A request sent and not yet answered.
@@ -91,6 +96,8 @@ pub struct Board {
     /// Each session's review still waiting for a maintainer: its manifest, as observers last
     /// saw it.
     pub reviews: BTreeMap<String, Value>,
+    /// Each session's checkpoint head, as observers last saw it.
+    pub heads: BTreeMap<String, String>,
     /// Repository lessons heard of (answers and events), with the last revision heard.
     pub lessons: BTreeMap<String, u64>,
 }
@@ -314,6 +321,7 @@ impl Actor {
             Kind::Executor => self.executor(now_ms, board),
             Kind::Maintainer => self.maintainer(board),
             Kind::Observer => self.observer(board),
+            Kind::Verifier => self.verifier(board),
         }
     }
 
@@ -405,6 +413,9 @@ impl Actor {
         if self.kind == Kind::Executor {
             self.on_executor_answer(&sent, result, code);
         }
+        if self.kind == Kind::Verifier {
+            self.on_verifier_answer(&sent, result);
+        }
         Ok(())
     }
 
@@ -464,6 +475,10 @@ impl Actor {
             match m.state["compaction"]["id"].as_str() {
                 Some(id) => board.proposals.insert(session.to_owned(), id.to_owned()),
                 None => board.proposals.remove(session),
+            };
+            match m.state["checkpoint"]["headCommit"].as_str() {
+                Some(head) => board.heads.insert(session.to_owned(), head.to_owned()),
+                None => board.heads.remove(session),
             };
             let review = &m.state["review"];
             if review.is_object() && review["maintainer"].is_null() {
