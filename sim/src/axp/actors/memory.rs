@@ -16,10 +16,15 @@ const WORDS: [&str; 8] = [
 ];
 
 impl Actor {
-    /// An executor proposes one of four lessons from `session`'s history as it last knew it.
+    /// An executor proposes one of four lessons from `session`'s history as it last knew it
+    /// (or first reads the session's export, which tells it how far that history reaches).
     pub(super) fn propose_lesson(&mut self, session: &str) {
+        if self.known_seq == 0 || self.chance(1, 3) {
+            let p = json!({"channel": self.exchange(session)});
+            return self.send("_axp/export", p);
+        }
         let n = self.below(4);
-        let to = self.last_seq.max(1);
+        let to = self.known_seq;
         // Mostly the whole history (the same evidence again changes nothing), sometimes a
         // later start (new evidence: a new revision, until the evidence bound).
         let from = if self.chance(1, 3) {

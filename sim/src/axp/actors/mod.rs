@@ -159,6 +159,9 @@ pub struct Actor {
     /// Mirrored channels.
     pub mirrors: BTreeMap<String, Mirror>,
     last_seq: u64,
+    /// The newest `serverSeq` an answer showed (initialize, export): how far a lesson's
+    /// evidence may reach.
+    known_seq: u64,
     /// Counters: requests sent, retries sent, deliberate duplicates.
     pub counts: (u64, u64, u64),
 }
@@ -204,6 +207,7 @@ impl Actor {
             turns_started: 0,
             mirrors: BTreeMap::new(),
             last_seq: 0,
+            known_seq: 0,
             counts: (0, 0, 0),
         }
     }
@@ -344,6 +348,12 @@ impl Actor {
             return Ok(());
         };
         let result = v.get("result");
+        if let Some(seq) = result
+            .and_then(|r| r.get("serverSeq"))
+            .and_then(Value::as_u64)
+        {
+            self.known_seq = self.known_seq.max(seq);
+        }
         let code = v
             .pointer("/error/code")
             .and_then(Value::as_i64)
