@@ -7,9 +7,10 @@
 //! it, and `axhost-sim --axp --seeds A..B` runs only AXP worlds.
 //!
 //! - [`world`]: the event loop, faults (cut connections, slow and failed group commits, clean
-//!   and killed restarts) and the two phases.
-//! - [`actors`]: the roles, one file each (`executor.rs`, `maintainer.rs`, `observer.rs`) around
-//!   the shared connection and frame handling in `actors/mod.rs`.
+//!   and killed restarts) and the two phases; [`options`]: what a seed draws for it.
+//! - [`actors`]: the roles, one file each (`executor.rs`, `maintainer.rs`, `observer.rs`,
+//!   `verifier.rs`), the memory moves they share (`memory.rs`) and review signing
+//!   (`signing.rs`), around the shared connection and frame handling in `actors/mod.rs`.
 //! - [`oracle`]: fencing, one winner per epoch, money, exactly-once, roles, shape; and
 //!   [`memory_oracle`]: lesson revisions and who may see a lesson's evidence.
 //! - [`replica`]: the observers' reducer, written from the specification.
@@ -21,11 +22,13 @@
 
 pub mod actors;
 pub mod memory_oracle;
+pub mod options;
 pub mod oracle;
 pub mod replica;
 pub mod world;
 
-pub use world::{AxpOptions, AxpReport, AxpWorld};
+pub use options::AxpOptions;
+pub use world::{AxpReport, AxpWorld};
 
 use crate::checker::Violation;
 
