@@ -11,8 +11,8 @@
 //! - `dispatch/turn_10_subscribers`: a maintainer's `chat/turnStarted` + `chat/turnCancelled`
 //!   with 10 chat subscribers (the durable path, over the in-memory store).
 //!
-//! The core commits nothing itself: each change comes out as `Output::Commit`, and the drain
-//! loop here commits it at once on the host's `MemStore` through `drive::SyncWriter`, which
+//! The core commits nothing itself: each change comes out as `Output::Commit`, and the shared
+//! drive loop (`drive::Drive::immediate`) commits it at once on the host's `MemStore` and
 //! reports it durable, so the frames it held come out of the same drain. The benches that make
 //! changes (`dispatch`, and `catalog` once per reserved block of catalog numbers) therefore
 //! measure what they did before (the change applied and stored, the events fanned out) plus
@@ -22,7 +22,7 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
-use axhost_core::drive::SyncWriter;
+use axhost_core::drive::Drive;
 use axhost_core::{
     ConnId, Frame, Host, HostConfig, Input, Instant, MemStore, Now, Output, Principal,
 };
@@ -33,8 +33,11 @@ const CATALOG: &str = "x-client-services://";
 
 struct Bench {
     host: Host<MemStore>,
-    /// Commits each change as it comes out, on the host's own store.
-    writer: SyncWriter,
+    /// The shared drive loop: commits each change as it comes out, on the host's own store,
+    /// and reports each frame flushed.
+    drive: Drive,
+    /// The frames one drain sent, handed back to the host after it.
+    sent: Vec<Frame>,
     ms: u64,
 }
 
@@ -42,7 +45,8 @@ impl Bench {
     fn new() -> Bench {
         Bench {
             host: Host::new(HostConfig::default(), MemStore::new(), 1).expect("host"),
-            writer: SyncWriter::default(),
+            drive: Drive::immediate().close_at_once(false),
+            sent: Vec::new(),
             ms: 1,
         }
     }
@@ -66,27 +70,18 @@ impl Bench {
                 text,
             },
         );
-        let mut frames = 0;
-        while let Some(out) = self.host.poll_output() {
-            match out {
-                // Reported durable at once: what the change held comes out of this loop.
-                Output::Commit(change) => self.writer.commit(&mut self.host, now, &change),
-                Output::Close { .. } => {}
-                Output::Send { conn, frame } => {
-                    frames += 1;
-                    self.host.handle(
-                        now,
-                        Input::Flushed {
-                            conn,
-                            bytes: frame.len() as u64,
-                        },
-                    );
-                    seen(&frame);
-                    // As the driver does once the bytes are copied out: the buffer serves the next
-                    // forwarded notification instead of going back to the allocator.
-                    self.host.recycle(frame);
-                }
+        let sent = &mut self.sent;
+        self.drive.drain(&mut self.host, now, |out| {
+            if let Output::Send { frame, .. } = out {
+                seen(&frame);
+                sent.push(frame);
             }
+        });
+        let frames = self.sent.len();
+        // As the driver does once the bytes are copied out: the buffers serve the next
+        // forwarded notifications instead of going back to the allocator.
+        for frame in self.sent.drain(..) {
+            self.host.recycle(frame);
         }
         frames
     }

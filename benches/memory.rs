@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant as Clock};
 
 use axhost_core::canonical::hash_object;
-use axhost_core::drive::commit_one;
+use axhost_core::drive::Drive;
 use axhost_core::{
     Change, Commit, ConnId, Host, HostConfig, Input, Instant, Limits, MemStore, Now, Output,
     Principal, Record, Role, SessionScope, Table,
@@ -335,28 +335,15 @@ fn store_with_lessons(rng: &mut Rng, words: &Words, n: u64) -> (MemStore, usize)
     (store, text_bytes / n.max(1) as usize)
 }
 
-/// Carries out every output (changes committed at once, frames flushed); the last frame sent,
-/// parsed.
+/// Carries out every output through the shared drive loop (changes committed at once, frames
+/// flushed); the last frame sent, parsed.
 fn drain(host: &mut Host<MemStore>, ms: u64) -> Value {
     let mut last = Value::Null;
-    while let Some(out) = host.poll_output() {
-        match out {
-            Output::Commit(change) => {
-                assert!(commit_one(host, now(ms), &change), "commit");
-            }
-            Output::Send { conn, frame } => {
-                last = serde_json::from_slice(frame.as_bytes()).expect("json");
-                host.handle(
-                    now(ms),
-                    Input::Flushed {
-                        conn,
-                        bytes: frame.len() as u64,
-                    },
-                );
-            }
-            Output::Close { .. } => {}
+    Drive::immediate().drain(host, now(ms), |out| {
+        if let Output::Send { frame, .. } = out {
+            last = serde_json::from_slice(frame.as_bytes()).expect("json");
         }
-    }
+    });
     last
 }
 

@@ -22,7 +22,8 @@
 //! [`Host::handle_timeout`] when the deadline from [`Host::poll_timeout`] passes, and drain
 //! [`Host::poll_output`] to `None` before sleeping. Commit each `Output::Commit` in order (on
 //! any thread; group several into one transaction if you like) and report the outcome.
-//! [`drive::Drive`] does all of this against the host's own store, for tests and tools.
+//! [`drive::Drive`] does all of this against the host's own store, or hands the commits to a
+//! writer of the caller's: the one loop core tests, the simulator, fuzz targets and benches share.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -62,6 +62,17 @@ impl SimStore {
     /// Commits `changes` in one transaction: all of them, in order, or (a fired fault, or a
     /// forced one) none.
     pub fn commit_group(&mut self, changes: &[Box<Change>]) -> Result<(), StoreError> {
+        self.refusal()?;
+        for change in changes {
+            // The reference store refuses only what it was told to (nothing here) and panics
+            // on an out-of-order change, which is a driver bug worth a violation.
+            self.mem.commit(change)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the next transaction is refused (a forced failure first, then the seeded one).
+    fn refusal(&mut self) -> Result<(), StoreError> {
         let forced = self.forced.get();
         if forced > 0 {
             self.forced.set(forced - 1);
@@ -71,11 +82,6 @@ impl SimStore {
         if self.fires() {
             self.refused += 1;
             return Err(StoreError("injected group commit failure".into()));
-        }
-        for change in changes {
-            // The reference store refuses only what it was told to (nothing here) and panics
-            // on an out-of-order change, which is a driver bug worth a violation.
-            self.mem.commit(change)?;
         }
         Ok(())
     }
@@ -93,6 +99,15 @@ impl SimStore {
             return Err(StoreError("injected read failure".into()));
         }
         Ok(())
+    }
+}
+
+/// A group of one, with the same faults: what the shared drive loop's immediate and queued
+/// modes commit through.
+impl Commit for SimStore {
+    fn commit(&mut self, change: &Change) -> Result<(), StoreError> {
+        self.refusal()?;
+        self.mem.commit(change)
     }
 }
 

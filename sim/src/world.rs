@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
+use axhost_core::drive::{Commits, Drive};
 use axhost_core::{
     Change, ConnId, Host, HostConfig, Input, Instant, Now, Output, Principal, SessionScope,
 };
@@ -163,6 +164,8 @@ pub struct World {
     host: Option<Host<SimStore>>,
     /// The driver's writer: commits the host's changes later, in order, in groups.
     writer: SimWriter<Box<Change>>,
+    /// The shared drive loop, handing every output (commits included) to this world.
+    drive: Drive,
     net: SimNet,
     /// The clients.
     pub clients: Vec<SimClient>,
@@ -241,6 +244,10 @@ impl World {
         let writer = SimWriter::new(options.commits, writer_rng);
         let mut world = World {
             writer,
+            drive: Drive::immediate()
+                .commits(Commits::Handed)
+                .flush_at_once(false)
+                .close_at_once(false),
             net: SimNet::new(net_rng, options.latency_ms_min, options.latency_ms_max),
             clock: SimClock {
                 mono_ms: 0,
@@ -410,18 +417,20 @@ impl World {
     /// Moves every host output into the network, and every change to the writer.
     fn drain(&mut self) -> Result<(), Violation> {
         let now_ms = self.clock.mono_ms;
-        loop {
-            let Some(out) = self.host.as_mut().and_then(Host::poll_output) else {
-                return Ok(());
-            };
-            let checked = match self.host.as_ref() {
-                Some(h) => self.checker.on_output(&out, h.store().mem()),
-                None => Ok(()),
-            };
-            if let Err(m) = checked {
-                return Err(self.violation(m));
-            }
-            if self.trace {
+        let now = self.clock.now();
+        let Some(host) = self.host.as_mut() else {
+            return Ok(());
+        };
+        let (checker, net, writer, counters, trace) = (
+            &mut self.checker,
+            &mut self.net,
+            &mut self.writer,
+            &mut self.counters,
+            self.trace,
+        );
+        let drained = self.drive.drain_checked(host, now, |host, out| {
+            checker.on_output(&out, host.store().mem())?;
+            if trace {
                 match &out {
                     Output::Send { conn, frame } => {
                         eprintln!("    host -> {conn:?}: {}", clip(frame.as_str()))
@@ -440,23 +449,24 @@ impl World {
             let known = match out {
                 Output::Send { conn, frame } => {
                     let len = frame.len() as u64;
-                    self.counters.frame_bytes_max = self.counters.frame_bytes_max.max(len);
-                    self.net.send_to_client(conn, frame, now_ms)
+                    counters.frame_bytes_max = counters.frame_bytes_max.max(len);
+                    net.send_to_client(conn, frame, now_ms)
                 }
                 Output::Close { conn, code, reason } => {
-                    self.net.close_to_client(conn, code, reason, now_ms)
+                    net.close_to_client(conn, code, reason, now_ms)
                 }
                 Output::Commit(change) => {
-                    self.writer
-                        .submit(change, now_ms)
-                        .map_err(|m| self.violation(m))?;
+                    writer.submit(change, now_ms)?;
                     true
                 }
             };
-            if !known {
-                return Err(self.violation("output for a connection the driver no longer has"));
+            if known {
+                Ok(())
+            } else {
+                Err("output for a connection the driver no longer has".to_owned())
             }
-        }
+        });
+        drained.map_err(|m| self.violation(m))
     }
 
     /// Does what the writer has due now: finishes a transaction against the store, takes what

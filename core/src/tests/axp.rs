@@ -432,7 +432,7 @@ fn concurrent_claims_pipelined_on_a_slow_disk_have_one_winner() {
     let mut ax = Ax::new();
     ax.grant(C, "g", allowance(100, 100, 1));
     ax.grant(B, "gb", allowance(100, 100, 1));
-    ax.h.hold_commits = true;
+    ax.h.hold_commits(true);
     let claim = |exec: &str, grant: &str, op: &str| json!({"jsonrpc":"2.0","id":77,"method":"_axp/claim","params":{"channel":X,"executorId":exec,"grantId":grant,"leaseMs":30000,"operationId":op}});
     ax.h.send(C, &claim("e1", "g", "ca"));
     let out = ax.h.send(B, &claim("eb", "gb", "cb"));
@@ -1349,7 +1349,7 @@ fn receipts_answer_retries_refuse_changed_input_and_store_nothing_for_refusals()
 #[test]
 fn a_retry_while_the_original_is_in_flight_waits_for_it() {
     let mut ax = Ax::new();
-    ax.h.hold_commits = true;
+    ax.h.hold_commits(true);
     let grant = json!({"jsonrpc":"2.0","id":9,"method":"_axp/grant","params":{"channel": X, "grantId": "g", "limit": allowance(5, 5, 1), "enforcement": "accounting", "operationId": "g-1"}});
     assert!(ax.h.send(C, &grant).is_empty());
     assert!(ax.h.send(C, &grant).is_empty(), "the retry waits too");
@@ -1375,7 +1375,7 @@ fn a_retry_while_the_original_is_in_flight_waits_for_it() {
         .collect();
     assert_eq!(codes, [-32603, -32603], "{out:?}");
     assert!(ax.exchange()["grants"].get("g2").is_none());
-    ax.h.hold_commits = false;
+    ax.h.hold_commits(false);
     let out = ax.h.send(C, &grant2);
     assert!(out
         .iter()
@@ -1672,7 +1672,7 @@ fn docked_on_a_narrow_path() -> (Ax, u64) {
         json!({"channel": X, "executorId": "e1", "name": "n", "placement": "satellite", "capabilities": [], "ttlMs": 3000}),
     );
     let epoch = ax.dock();
-    ax.h.hold_commits = true;
+    ax.h.hold_commits(true);
     (ax, epoch)
 }
 

@@ -595,7 +595,7 @@ fn nothing_is_revealed_before_it_is_durable() {
     let mut mx = Mx::new();
     mx.ok(M, "subscribe", json!({"channel": MEMORY}));
     let to = mx.seq();
-    mx.h.hold_commits = true;
+    mx.h.hold_commits(true);
     let out = mx.h.send(
         ALICE,
         &json!({"jsonrpc":"2.0","id":7,"method":"_axp/memoryPropose",

@@ -589,7 +589,7 @@ fn a_failed_commit_takes_back_a_binding_and_nothing_is_revealed_before_durable()
     ax.ok(O, "subscribe", json!({"channel": X}));
     checkpointed(&mut ax);
     let m = manifest(&mut ax);
-    ax.h.hold_commits = true;
+    ax.h.hold_commits(true);
     let frames = ax.h.send(
         C,
         &json!({"jsonrpc": "2.0", "id": 500, "method": "_axp/review", "params":
@@ -615,7 +615,7 @@ fn a_failed_commit_takes_back_a_binding_and_nothing_is_revealed_before_durable()
         .store()
         .record_text(Table::SigningKey, "alice")
         .is_none());
-    ax.h.hold_commits = false;
+    ax.h.hold_commits(false);
     if frames
         .iter()
         .any(|(c, f)| *c == C && f.get("close").is_some())
@@ -627,7 +627,7 @@ fn a_failed_commit_takes_back_a_binding_and_nothing_is_revealed_before_durable()
     assert!(review(&mut ax, C, &m, &Key::new(7)).get("error").is_none());
     assert_eq!(code(&review(&mut ax, C, &m, &Key::new(1))), -32009);
     // Held again: the answer and the event leave together once durable.
-    ax.h.hold_commits = true;
+    ax.h.hold_commits(true);
     let p = json!({"channel": X, "operationId": "held-2", "manifest": m, "contributor": Key::new(7).sign(&m)});
     let frames = ax.h.send(
         C,

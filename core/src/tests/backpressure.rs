@@ -22,7 +22,7 @@ fn full_path(in_flight: u32, held: u32) -> Harness {
         );
     }
     h.create(1, "s1");
-    h.hold_commits = true;
+    h.hold_commits(true);
     h
 }
 
@@ -212,7 +212,7 @@ fn the_hold_is_bounded_in_bytes_too_but_always_takes_one_message() {
             &[],
         );
     }
-    h.hold_commits = true;
+    h.hold_commits(true);
     assert!(h.send(1, &create_session(10, "s1")).is_empty());
     assert!(h.send(2, &create_session(11, "s2")).is_empty(), "held");
     let (count, bytes) = h.host.held_messages();
@@ -229,12 +229,12 @@ fn the_hold_is_bounded_in_bytes_too_but_always_takes_one_message() {
 #[test]
 fn nothing_is_refused_while_the_path_is_full_and_everything_is_answered_once() {
     let mut h = full_path(2, 1024);
-    h.hold_commits = false;
+    h.hold_commits(false);
     for conn in 1..=3u64 {
         h.create(conn, &format!("own{conn}"));
     }
     h.request(1, 3, "subscribe", json!({"channel":"ahp-chat:/s1"}));
-    h.hold_commits = true;
+    h.hold_commits(true);
     let mut out = Vec::new();
     let mut expected = Vec::new();
     let mut turns = [0u64; 4];
@@ -275,7 +275,7 @@ fn nothing_is_refused_while_the_path_is_full_and_everything_is_answered_once() {
         }
     }
     assert!(h.host.stats().messages_held > 0, "the path was full");
-    while !h.queued.is_empty() || h.host.held_messages().0 > 0 {
+    while h.held() > 0 || h.host.held_messages().0 > 0 {
         out.extend(h.complete(1));
     }
     assert!(h.host.accepting_input());
@@ -325,11 +325,9 @@ fn a_failed_commit_frees_the_path_for_what_was_held() {
     assert!(h.send(1, &create_session(10, "s2")).is_empty());
     assert!(h.send(2, &create_session(11, "s3")).is_empty());
     // The writer fails the group holding s2 (and drops the rest of its generation).
-    let first = h.queued.front().expect("in flight").number;
-    h.failed_generation = h.queued.iter().map(|c| c.generation).max();
-    h.queued.clear();
     let now = h.now();
-    h.host.handle(now, Input::CommitFailed { number: first });
+    let group = h.held();
+    h.drive.fail(&mut h.host, now, group);
     // Right after the failure the host is exactly the durable state: the held create waits
     // for the next call, which the host asks for at once.
     assert_eq!(h.host.held_messages().0, 1);

@@ -14,9 +14,10 @@ mod schema;
 mod services;
 mod write_path;
 
+use crate::drive::{Commits, Drive};
 use crate::{
-    ClientRecord, CloseCode, Commit, ConnId, Host, HostConfig, Input, Limits, MemStore, Now,
-    Output, Principal, Role, SessionScope, Table,
+    ClientRecord, CloseCode, ConnId, Host, HostConfig, Input, Limits, MemStore, Now, Output,
+    Principal, Role, SessionScope, Table,
 };
 
 struct Harness {
@@ -24,12 +25,9 @@ struct Harness {
     now: u64,
     /// Added to the wall clock only, to model a clock that steps.
     wall_skew_ms: i64,
-    /// Whether changes wait in `queued` for `complete` / `fail_first` (a slow disk) instead
-    /// of being committed as they come out.
-    hold_commits: bool,
-    queued: std::collections::VecDeque<Box<crate::Change>>,
-    /// Changes of this generation or older are dropped: a failure rolled them back.
-    failed_generation: Option<u64>,
+    /// The shared drive loop: frames flushed at once, closes left to the test, commits
+    /// carried out at once or held for `complete` / `fail_first` (a slow disk).
+    drive: Drive,
 }
 
 impl Harness {
@@ -42,9 +40,7 @@ impl Harness {
             host: Host::new(config, store, 42).expect("host"),
             now: 1_700_000_000_000,
             wall_skew_ms: 0,
-            hold_commits: false,
-            queued: Default::default(),
-            failed_generation: None,
+            drive: Drive::immediate().close_at_once(false),
         }
     }
 
@@ -98,78 +94,54 @@ impl Harness {
         );
     }
 
+    /// Whether changes wait for `complete` / `fail_first` (a slow disk) instead of being
+    /// committed as they come out.
+    fn hold_commits(&mut self, hold: bool) {
+        self.drive.set_commits(if hold {
+            Commits::Queued
+        } else {
+            Commits::Immediate
+        });
+    }
+
     /// Drains outputs; frames are acknowledged as flushed at once. Closes appear as `{"close": code}`.
     fn drain(&mut self) -> Vec<(u64, Value)> {
         let mut out = Vec::new();
-        while let Some(o) = self.host.poll_output() {
-            match o {
-                Output::Send { conn, frame } => {
-                    let v: Value =
-                        serde_json::from_slice(frame.as_bytes()).expect("frames are JSON");
-                    let now = self.now();
-                    self.host.handle(
-                        now,
-                        Input::Flushed {
-                            conn,
-                            bytes: frame.len() as u64,
-                        },
-                    );
-                    out.push((conn.0, v));
-                }
-                Output::Close { conn, code, .. } => {
-                    out.push((conn.0, json!({ "close": code.code() })))
-                }
-                Output::Commit(change)
-                    if self
-                        .failed_generation
-                        .is_some_and(|g| change.generation <= g) => {}
-                Output::Commit(change) if self.hold_commits => self.queued.push_back(change),
-                Output::Commit(change) => {
-                    // A writer that keeps up: each change durable at once, in order.
-                    let now = self.now();
-                    let input = match self.host.store_mut().commit(&change) {
-                        Ok(()) => Input::Durable {
-                            through: change.number,
-                        },
-                        Err(_) => Input::CommitFailed {
-                            number: change.number,
-                        },
-                    };
-                    self.host.handle(now, input);
-                }
+        let now = self.now();
+        self.drive.drain(&mut self.host, now, |o| match o {
+            Output::Send { conn, frame } => {
+                let v: Value = serde_json::from_slice(frame.as_bytes()).expect("frames are JSON");
+                out.push((conn.0, v));
             }
-        }
+            Output::Close { conn, code, .. } => out.push((conn.0, json!({ "close": code.code() }))),
+            Output::Commit(_) => unreachable!("the harness never hands commits out"),
+        });
         out
     }
 
-    /// Commits the first `n` queued changes as one group and reports them durable; returns
+    /// Commits the first `n` held changes as one group and reports them durable; returns
     /// what that released.
     fn complete(&mut self, n: usize) -> Vec<(u64, Value)> {
-        let mut through = None;
-        for _ in 0..n {
-            let Some(change) = self.queued.pop_front() else {
-                break;
-            };
-            self.host.store_mut().commit(&change).expect("commit");
-            through = Some(change.number);
-        }
-        if let Some(through) = through {
-            let now = self.now();
-            self.host.handle(now, Input::Durable { through });
-        }
+        let now = self.now();
+        let held = self.drive.queued().min(n);
+        let done = self.drive.complete(&mut self.host, now, n);
+        assert_eq!(done, held, "the store refused a held change");
         self.drain()
     }
 
-    /// Fails the group holding the first queued change (and drops the rest of its
-    /// generation, as writers do); returns what the host did about it.
+    /// Fails the group of every held change (a writer that gathered them all) and drops
+    /// them, as writers do; returns what the host did about it.
     fn fail_first(&mut self) -> Vec<(u64, Value)> {
-        let first = self.queued.front().expect("a change in flight").number;
-        let generation = self.queued.iter().map(|c| c.generation).max().unwrap_or(0);
-        self.queued.retain(|c| c.generation > generation);
-        self.failed_generation = Some(generation);
+        assert!(self.drive.queued() > 0, "a change in flight");
         let now = self.now();
-        self.host.handle(now, Input::CommitFailed { number: first });
+        let group = self.drive.queued();
+        self.drive.fail(&mut self.host, now, group);
         self.drain()
+    }
+
+    /// Changes held for the disk.
+    fn held(&self) -> usize {
+        self.drive.queued()
     }
 
     fn request(&mut self, conn: u64, id: u64, method: &str, params: Value) -> Value {

@@ -14,7 +14,7 @@ fn slow_disk() -> Harness {
     h.init(3, Principal::maintainer("m3"), "c3", &[]);
     h.init(4, Principal::maintainer("svc"), "owner", &[]);
     h.init(5, Principal::maintainer("svc"), "caller", &[]);
-    h.hold_commits = true;
+    h.hold_commits(true);
     h
 }
 
@@ -170,7 +170,7 @@ fn a_failed_group_reveals_nothing_and_tells_every_sender() {
     assert_eq!(h.host.channel_state("ahp-chat:/s1"), chat);
     assert!(h.host.server_seq() >= seq + 4);
     // What follows works, numbered above everything handed out.
-    h.hold_commits = false;
+    h.hold_commits(false);
     let out = h.dispatch(1, "ahp-chat:/s1", 2, turn("t1", "again"));
     let got = seqs(&out, 1);
     assert!(!got.is_empty() && got[0] > seq + 4, "{got:?}");

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 
+use axhost_core::drive::{Commits, Drive};
 use axhost_core::{
     Change, ConnId, Host, HostConfig, Input, Instant, Now, Output, Principal, Role, SessionScope,
 };
@@ -80,6 +81,8 @@ pub struct AxpWorld {
     config: HostConfig,
     host: Option<Host<SimStore>>,
     writer: SimWriter<Box<Change>>,
+    /// The shared drive loop, handing every output (commits included) to this world.
+    drive: Drive,
     net: SimNet,
     /// The actors.
     pub actors: Vec<Actor>,
@@ -184,6 +187,10 @@ impl AxpWorld {
             config,
             host,
             writer,
+            drive: Drive::immediate()
+                .commits(Commits::Handed)
+                .flush_at_once(false)
+                .close_at_once(false),
             net,
             actors,
             board: Board::default(),
@@ -284,42 +291,47 @@ impl AxpWorld {
     }
 
     fn drain(&mut self) -> Result<(), Violation> {
-        loop {
-            let Some(out) = self.host.as_mut().and_then(Host::poll_output) else {
-                return Ok(());
-            };
+        let now = self.now();
+        let now_ms = self.now_ms;
+        let Some(host) = self.host.as_mut() else {
+            return Ok(());
+        };
+        let (hash, durability, oracle, net, writer, trace) = (
+            &mut self.hash,
+            &mut self.durability,
+            &mut self.oracle,
+            &mut self.net,
+            &mut self.writer,
+            self.trace,
+        );
+        let drained = self.drive.drain_checked(host, now, |host, out| {
             match out {
                 Output::Send { conn, frame } => {
-                    self.hash.update(conn.0.to_le_bytes());
-                    self.hash.update(frame.as_bytes());
+                    hash.update(conn.0.to_le_bytes());
+                    hash.update(frame.as_bytes());
                     let text = frame.as_str().to_owned();
-                    if let Some(host) = self.host.as_ref() {
-                        let durable = self.durability.on_send(conn, &text, host.store().mem());
-                        durable.map_err(|m| self.violation(m))?;
-                    }
-                    let checked = self.oracle.on_send(conn, &text);
-                    checked.map_err(|m| self.violation(m))?;
-                    if self.trace {
+                    durability.on_send(conn, &text, host.store().mem())?;
+                    oracle.on_send(conn, &text)?;
+                    if trace {
                         eprintln!("    host -> {conn:?}: {}", clip(&text));
                     }
-                    if !self.net.send_to_client(conn, frame, self.now_ms) {
-                        return Err(
-                            self.violation("output for a connection the driver no longer has")
-                        );
+                    if !net.send_to_client(conn, frame, now_ms) {
+                        return Err("output for a connection the driver no longer has".to_owned());
                     }
                 }
                 Output::Close { conn, code, reason } => {
-                    self.hash.update(b"close");
-                    self.hash.update(conn.0.to_le_bytes());
-                    self.net.close_to_client(conn, code, reason, self.now_ms);
+                    hash.update(b"close");
+                    hash.update(conn.0.to_le_bytes());
+                    net.close_to_client(conn, code, reason, now_ms);
                 }
                 Output::Commit(change) => {
-                    self.hash.update(change.number.to_le_bytes());
-                    let submitted = self.writer.submit(change, self.now_ms);
-                    submitted.map_err(|m| self.violation(m))?;
+                    hash.update(change.number.to_le_bytes());
+                    writer.submit(change, now_ms)?;
                 }
             }
-        }
+            Ok(())
+        });
+        drained.map_err(|m| self.violation(m))
     }
 
     // ─── Stepping ───────────────────────────────────────────────────────────────────────────

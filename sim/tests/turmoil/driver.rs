@@ -24,9 +24,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axhost_core::{
-    Commit, ConnId, Host, HostConfig, Input, MemStore, Now, Output, Principal, Stats,
-};
+use axhost_core::drive::commit_one;
+use axhost_core::{ConnId, Host, HostConfig, Input, MemStore, Now, Output, Principal, Stats};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
@@ -268,17 +267,9 @@ fn drain(
                     p.core_closes.push((conn.0, code.code()));
                 }
             }
+            // A writer that keeps up: each change committed at once, in order, and reported.
             Output::Commit(change) => {
-                // A writer that keeps up: each change committed at once, in order.
-                let input = match host.store_mut().commit(&change) {
-                    Ok(()) => Input::Durable {
-                        through: change.number,
-                    },
-                    Err(_) => Input::CommitFailed {
-                        number: change.number,
-                    },
-                };
-                host.handle(now, input);
+                commit_one(host, now, &change);
             }
         }
     }
