@@ -1,6 +1,9 @@
 //! The read half: [`SqliteReader`] is the core's [`Store`] on the event loop, through its own
 //! `query_only` connection.
 //!
+//! Every read consults the changes journaled and not yet applied (`sqlite/journal.rs`) before
+//! the tables: a change not found there was applied before the query that follows began.
+//!
 //! The loop never holds a read transaction across turns (each query ends its statement, and
 //! `load` is one short transaction), so it never pins an old snapshot or holds back WAL
 //! checkpoints.
@@ -13,6 +16,7 @@ use axhost_core::{Bytes, Event, Loaded, Receipt, Store, StoreError, StoredRecord
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension};
 
+use super::journal::{self, SharedPending};
 use super::schema::{read_server_seq, ReadSeqError};
 use super::{from_i64, sql, OpenError, OwnerLock, BUSY_TIMEOUT};
 
@@ -22,6 +26,8 @@ pub struct SqliteReader {
     /// Keeps the database owned while the loop runs, even if the writer thread is gone.
     _lock: OwnerLock,
     path: PathBuf,
+    /// Journaled changes not yet applied, shared with the writer.
+    pending: SharedPending,
 }
 
 impl fmt::Debug for SqliteReader {
@@ -34,7 +40,11 @@ impl fmt::Debug for SqliteReader {
 
 impl SqliteReader {
     /// Opens a `query_only` connection to the database the writer has set up.
-    pub(super) fn open(path: &Path, lock: OwnerLock) -> Result<SqliteReader, OpenError> {
+    pub(super) fn open(
+        path: &Path,
+        lock: OwnerLock,
+        pending: SharedPending,
+    ) -> Result<SqliteReader, OpenError> {
         let fail = |action: &'static str| {
             move |source: rusqlite::Error| OpenError::Sqlite {
                 path: path.to_owned(),
@@ -51,6 +61,7 @@ impl SqliteReader {
             conn,
             _lock: lock,
             path: path.to_owned(),
+            pending,
         })
     }
 
@@ -82,7 +93,9 @@ fn blob(value: ValueRef<'_>) -> rusqlite::Result<Bytes> {
 
 impl Store for SqliteReader {
     fn load(&mut self, events_tail_max: u32) -> Result<Loaded, StoreError> {
-        // One read transaction, so the parts are from the same instant.
+        // What is pending first (see the module docs), then one read transaction, so the
+        // parts are from the same instant.
+        let (pending_seq, pending_records, pending_events) = journal::lock(&self.pending).overlay();
         let tx = self.conn.transaction().map_err(sql("starting the load"))?;
         let server_seq = read_server_seq(&tx).map_err(|e| match e {
             ReadSeqError::Sqlite(e) => sql("reading server_seq")(e),
@@ -163,14 +176,21 @@ impl Store for SqliteReader {
             }
         }
         tx.commit().map_err(sql("finishing the load"))?;
+        let records = journal::overlay_records(records, pending_records);
+        let mut events_tail = journal::merge_events(events_tail, pending_events);
+        let excess = events_tail.len().saturating_sub(events_tail_max as usize);
+        events_tail.drain(..excess);
         Ok(Loaded {
-            server_seq,
+            server_seq: server_seq.max(pending_seq),
             records,
             events_tail,
         })
     }
 
     fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError> {
+        if let Some(pending) = journal::lock(&self.pending).receipt(owner, key) {
+            return Ok(Some(pending));
+        }
         let mut stmt = self
             .conn
             .prepare_cached(
@@ -192,6 +212,9 @@ impl Store for SqliteReader {
     }
 
     fn read_record(&mut self, table: Table, key: &str) -> Result<Option<Bytes>, StoreError> {
+        if let Some(pending) = journal::lock(&self.pending).record(table, key) {
+            return Ok(pending);
+        }
         let mut stmt = self
             .conn
             .prepare_cached("SELECT value FROM records WHERE tbl = ?1 AND key = ?2")
@@ -208,6 +231,7 @@ impl Store for SqliteReader {
         channel: &str,
         after: u64,
     ) -> Result<Vec<Event>, StoreError> {
+        let pending = journal::lock(&self.pending).channel_events_after(channel, after);
         let after =
             i64::try_from(after).map_err(|_| StoreError("sequence number out of range".into()))?;
         let mut stmt = self
@@ -231,7 +255,7 @@ impl Store for SqliteReader {
                 envelope: envelope.into(),
             });
         }
-        Ok(out)
+        Ok(journal::merge_events(out, pending))
     }
 
     fn first_channel_event_after(
@@ -239,6 +263,10 @@ impl Store for SqliteReader {
         channel: &str,
         after: u64,
     ) -> Result<Option<u64>, StoreError> {
+        let pending = journal::lock(&self.pending)
+            .channel_events_after(channel, after)
+            .first()
+            .map(|e| e.seq);
         let after =
             i64::try_from(after).map_err(|_| StoreError("sequence number out of range".into()))?;
         let mut stmt = self
@@ -251,6 +279,12 @@ impl Store for SqliteReader {
             .query_row(params![channel, after], |row| row.get(0))
             .optional()
             .map_err(sql("reading the first channel event"))?;
-        seq.map(|s| from_i64(s, "event seq")).transpose()
+        let stored = seq.map(|s| from_i64(s, "event seq")).transpose()?;
+        // The tables hold what is older than anything pending, except what an apply moved
+        // there since the pending read: the lower of the two is the first.
+        Ok(match (stored, pending) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
     }
 }
