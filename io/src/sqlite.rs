@@ -11,11 +11,9 @@
 //! repository and opens two connections to the same WAL database. [`SqliteStore::split`] hands them out:
 //! [`SqliteReader`] (`query_only`) is the core's [`axhost_core::Store`] on the event loop, and
 //! [`SqliteWriter`] commits on the writer thread (`crate::writer`), every change queued in one
-//! `BEGIN IMMEDIATE` transaction that appends them to the journal, and applies the journal to
-//! the tables behind it (`sqlite/journal.rs`). A reader's statement sees every transaction
-//! committed before it began, and the reader consults the changes journaled and not yet applied
-//! first, so what the writer reported durable is visible to the loop's next read. Unsplit, a
-//! `SqliteStore` is both (one transaction per change, applied at once), for tests and tools.
+//! `BEGIN IMMEDIATE` transaction. A reader's statement sees every transaction committed before
+//! it began, so what the writer reported durable is visible to the loop's next read. Unsplit, a
+//! `SqliteStore` is both (one transaction per change), for tests and tools.
 //!
 //! ## Owner lock
 //! Two hosts on one database would both hand out `serverSeq` values and corrupt each other's
@@ -25,7 +23,7 @@
 //! fails at once with [`OpenError::Locked`]; the operating system drops it when the process dies,
 //! so a crash never leaves a stale lock behind (unlike a pid file).
 //!
-//! ## Schema (version 4, in `PRAGMA user_version`)
+//! ## Schema (version 3, in `PRAGMA user_version`)
 //! - `meta(key, value)`: `server_seq` as decimal text; `repository`, the repository name the
 //!   database belongs to.
 //! - `records(tbl, key, value)`: the core's typed records, keyed by the table's stable name
@@ -33,8 +31,6 @@
 //!   far). New tables need no schema change.
 //! - `events(seq, channel, envelope)`: committed envelopes; index on `(channel, seq)`.
 //! - `receipts(owner, key, fingerprint, result)`: retry receipts, keyed per principal.
-//! - `journal(id, body)`: changes durable and not yet applied to the tables above, encoded
-//!   (`sqlite/journal.rs`); empty after a clean stop, applied on open after a crash.
 //!
 //! Older files are migrated in the schema transaction (`sqlite/schema.rs`). A database with a
 //! newer schema version is refused rather than guessed at.
@@ -49,7 +45,6 @@
 //! exchanges that could name another.) Moving a database to another repository name is not
 //! supported: keep the name, or start a new data directory.
 
-mod journal;
 mod reads;
 mod schema;
 mod writes;
@@ -219,9 +214,8 @@ impl SqliteStore {
         // The lock comes first so that two hosts racing to open never both touch the schema.
         let lock = OwnerLock(Arc::new(Mutex::new(schema::take_owner_lock(path)?)));
         let conn = schema::open_database(path, repository)?;
-        let pending = journal::SharedPending::default();
-        let writer = SqliteWriter::new(conn, lock.clone(), path, pending.clone())?;
-        let reader = SqliteReader::open(path, lock, pending)?;
+        let writer = SqliteWriter::new(conn, lock.clone(), path)?;
+        let reader = SqliteReader::open(path, lock)?;
         tracing::debug!(path = %path.display(), repository, "opened store");
         Ok(SqliteStore {
             reader,
@@ -246,14 +240,9 @@ impl SqliteStore {
         (self.reader, self.writer)
     }
 
-    /// Commits `changes`, in order, in one transaction: all of them or none; then applies
-    /// them to the tables (a failed apply leaves them durable in the journal).
+    /// Commits `changes`, in order, in one transaction: all of them or none.
     pub fn commit_group(&mut self, changes: &[&Change]) -> Result<(), StoreError> {
-        self.writer.commit_group(changes)?;
-        if let Err(e) = self.writer.apply(usize::MAX) {
-            tracing::warn!(error = %e, "applying the journal failed");
-        }
-        Ok(())
+        self.writer.commit_group(changes)
     }
 }
 
@@ -289,7 +278,7 @@ impl Store for SqliteStore {
 
 impl Commit for SqliteStore {
     fn commit(&mut self, change: &Change) -> Result<(), StoreError> {
-        self.commit_group(&[change])
+        self.writer.commit(change)
     }
 }
 

@@ -77,17 +77,7 @@ pub trait BatchStore: Send + 'static {
     type Change: QueuedChange;
     /// Writes `batch`, in order, in one durable transaction. On `Err` nothing of it is applied.
     fn commit_batch(&mut self, batch: &[Self::Change]) -> Result<(), StoreError>;
-    /// Deferred work on what is already durable (the SQLite store applies its journal): called
-    /// after each transaction, and with `idle` when no change has come for [`CATCH_UP_IDLE`].
-    /// Returns whether work is left, so the thread comes back when idle. Never fails a change.
-    fn catch_up(&mut self, idle: bool) -> bool {
-        let _ = idle;
-        false
-    }
 }
-
-/// How long the writer waits for the next change before doing a store's deferred work.
-pub const CATCH_UP_IDLE: Duration = Duration::from_millis(5);
 
 /// What the writer learned about the changes it was given, in the contract's terms.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -456,24 +446,7 @@ fn write_loop<S: BatchStore>(
     let mut batch: Vec<S::Change> = Vec::new();
     // Changes of this generation or older are dropped: a failure covered them.
     let mut drops_through: Option<u64> = None;
-    // The store has deferred work: wait only a moment for the next change before doing it.
-    let mut behind = false;
-    loop {
-        let first = if behind {
-            match changes.recv_timeout(CATCH_UP_IDLE) {
-                Ok(first) => first,
-                Err(RecvTimeoutError::Timeout) => {
-                    behind = store.catch_up(true);
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-        } else {
-            match changes.recv() {
-                Ok(first) => first,
-                Err(_) => break,
-            }
-        };
+    while let Ok(first) = changes.recv() {
         batch.push(first);
         // Group commit: whatever queued while the last transaction was being made durable.
         while let Ok(next) = changes.try_recv() {
@@ -498,12 +471,6 @@ fn write_loop<S: BatchStore>(
         }
         batch.clear();
         budget.release(taken, taken_bytes);
-        behind = store.catch_up(false);
-    }
-    // A clean stop tries once to leave nothing deferred (what is left, the store finishes on
-    // its next open, as after a crash).
-    if behind {
-        store.catch_up(true);
     }
 }
 

@@ -1,9 +1,6 @@
 //! The read half: [`SqliteReader`] is the core's [`Store`] on the event loop, through its own
 //! `query_only` connection.
 //!
-//! Every read consults the changes journaled and not yet applied (`sqlite/journal.rs`) before
-//! the tables: a change not found there was applied before the query that follows began.
-//!
 //! The loop never holds a read transaction across turns (each query ends its statement, and
 //! `load` is one short transaction), so it never pins an old snapshot or holds back WAL
 //! checkpoints.
@@ -16,7 +13,6 @@ use axhost_core::{Bytes, Event, Loaded, Receipt, Store, StoreError, StoredRecord
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::journal::{self, SharedPending};
 use super::schema::{read_server_seq, ReadSeqError};
 use super::{from_i64, sql, OpenError, OwnerLock, BUSY_TIMEOUT};
 
@@ -26,8 +22,6 @@ pub struct SqliteReader {
     /// Keeps the database owned while the loop runs, even if the writer thread is gone.
     _lock: OwnerLock,
     path: PathBuf,
-    /// Journaled changes not yet applied, shared with the writer.
-    pending: SharedPending,
 }
 
 impl fmt::Debug for SqliteReader {
@@ -40,11 +34,7 @@ impl fmt::Debug for SqliteReader {
 
 impl SqliteReader {
     /// Opens a `query_only` connection to the database the writer has set up.
-    pub(super) fn open(
-        path: &Path,
-        lock: OwnerLock,
-        pending: SharedPending,
-    ) -> Result<SqliteReader, OpenError> {
+    pub(super) fn open(path: &Path, lock: OwnerLock) -> Result<SqliteReader, OpenError> {
         let fail = |action: &'static str| {
             move |source: rusqlite::Error| OpenError::Sqlite {
                 path: path.to_owned(),
@@ -61,7 +51,6 @@ impl SqliteReader {
             conn,
             _lock: lock,
             path: path.to_owned(),
-            pending,
         })
     }
 
@@ -93,9 +82,7 @@ fn blob(value: ValueRef<'_>) -> rusqlite::Result<Bytes> {
 
 impl Store for SqliteReader {
     fn load(&mut self, events_tail_max: u32) -> Result<Loaded, StoreError> {
-        // What is pending first (see the module docs), then one read transaction, so the
-        // parts are from the same instant.
-        let (pending_seq, pending_records, pending_events) = journal::lock(&self.pending).overlay();
+        // One read transaction, so the parts are from the same instant.
         let tx = self.conn.transaction().map_err(sql("starting the load"))?;
         let server_seq = read_server_seq(&tx).map_err(|e| match e {
             ReadSeqError::Sqlite(e) => sql("reading server_seq")(e),
@@ -176,21 +163,14 @@ impl Store for SqliteReader {
             }
         }
         tx.commit().map_err(sql("finishing the load"))?;
-        let records = journal::overlay_records(records, pending_records);
-        let mut events_tail = journal::merge_events(events_tail, pending_events);
-        let excess = events_tail.len().saturating_sub(events_tail_max as usize);
-        events_tail.drain(..excess);
         Ok(Loaded {
-            server_seq: server_seq.max(pending_seq),
+            server_seq,
             records,
             events_tail,
         })
     }
 
     fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError> {
-        if let Some(pending) = journal::lock(&self.pending).receipt(owner, key) {
-            return Ok(Some(pending));
-        }
         let mut stmt = self
             .conn
             .prepare_cached(
@@ -212,9 +192,6 @@ impl Store for SqliteReader {
     }
 
     fn read_record(&mut self, table: Table, key: &str) -> Result<Option<Bytes>, StoreError> {
-        if let Some(pending) = journal::lock(&self.pending).record(table, key) {
-            return Ok(pending);
-        }
         let mut stmt = self
             .conn
             .prepare_cached("SELECT value FROM records WHERE tbl = ?1 AND key = ?2")
@@ -231,7 +208,6 @@ impl Store for SqliteReader {
         channel: &str,
         after: u64,
     ) -> Result<Vec<Event>, StoreError> {
-        let pending = journal::lock(&self.pending).channel_events_after(channel, after);
         let after =
             i64::try_from(after).map_err(|_| StoreError("sequence number out of range".into()))?;
         let mut stmt = self
@@ -255,7 +231,7 @@ impl Store for SqliteReader {
                 envelope: envelope.into(),
             });
         }
-        Ok(journal::merge_events(out, pending))
+        Ok(out)
     }
 
     fn first_channel_event_after(
@@ -263,10 +239,6 @@ impl Store for SqliteReader {
         channel: &str,
         after: u64,
     ) -> Result<Option<u64>, StoreError> {
-        let pending = journal::lock(&self.pending)
-            .channel_events_after(channel, after)
-            .first()
-            .map(|e| e.seq);
         let after =
             i64::try_from(after).map_err(|_| StoreError("sequence number out of range".into()))?;
         let mut stmt = self
@@ -279,12 +251,6 @@ impl Store for SqliteReader {
             .query_row(params![channel, after], |row| row.get(0))
             .optional()
             .map_err(sql("reading the first channel event"))?;
-        let stored = seq.map(|s| from_i64(s, "event seq")).transpose()?;
-        // The tables hold what is older than anything pending, except what an apply moved
-        // there since the pending read: the lower of the two is the first.
-        Ok(match (stored, pending) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        })
+        seq.map(|s| from_i64(s, "event seq")).transpose()
     }
 }

@@ -11,11 +11,7 @@
 //!   the receipt);
 //! - version 2 kept `records(key, value TEXT)` and `clients(id, owner, last_client_seq,
 //!   dispatched)` apart: records rows become `state` records, clients rows `client` records
-//!   holding the binding as the core writes it (`ClientRecord::to_record`);
-//! - version 3 had no `journal` (`sqlite/journal.rs`): the table is created empty.
-//!
-//! After the schema, the same transaction applies whatever the journal still holds (a crash
-//! came between a change's journal commit and its apply), so nothing is read before it.
+//!   holding the binding as the core writes it (`ClientRecord::to_record`).
 
 use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
@@ -30,11 +26,10 @@ use rusqlite::{
     params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior,
 };
 
-use super::writes::apply_journal;
 use super::{OpenError, BUSY_TIMEOUT, META_REPOSITORY, META_SERVER_SEQ};
 
 /// The schema this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA_SQL: &str = "
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
@@ -42,7 +37,6 @@ CREATE TABLE IF NOT EXISTS records(tbl TEXT NOT NULL, key TEXT NOT NULL, value B
 CREATE TABLE IF NOT EXISTS events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_channel ON events(channel, seq);
 CREATE TABLE IF NOT EXISTS receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
-CREATE TABLE IF NOT EXISTS journal(id INTEGER PRIMARY KEY, body BLOB NOT NULL);
 ";
 
 /// Version 1 to 2 (see the module docs).
@@ -201,8 +195,7 @@ pub(super) fn open_database(path: &Path, repository: &str) -> Result<Connection,
             migrate_2_to_3(&tx, path)?;
         }
         2 => migrate_2_to_3(&tx, path)?,
-        // The journal table is new; `SCHEMA_SQL` creates it.
-        3 | SCHEMA_VERSION => {}
+        SCHEMA_VERSION => {}
         _ => {
             return Err(OpenError::Corrupt {
                 path: path.to_owned(),
@@ -215,16 +208,6 @@ pub(super) fn open_database(path: &Path, repository: &str) -> Result<Connection,
     tx.pragma_update(None, "user_version", SCHEMA_VERSION)
         .map_err(fail("writing the schema version"))?;
     bind_repository(&tx, path, repository)?;
-    let applied = apply_journal(&tx).map_err(|e| OpenError::Corrupt {
-        path: path.to_owned(),
-        problem: format!("applying the journal: {}", e.0),
-    })?;
-    if applied > 0 {
-        tracing::info!(
-            changes = applied,
-            "applied the journal left by the last run"
-        );
-    }
     tx.commit().map_err(fail("committing the schema"))?;
     Ok(conn)
 }

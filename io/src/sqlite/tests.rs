@@ -423,7 +423,7 @@ fn pragmas_and_schema_version_are_set() {
     assert_eq!(pragma(conn, "synchronous"), "Integer(2)");
     assert_eq!(pragma(conn, "foreign_keys"), "Integer(1)");
     assert_eq!(pragma(conn, "busy_timeout"), "Integer(100)");
-    assert_eq!(pragma(conn, "user_version"), "Integer(4)");
+    assert_eq!(pragma(conn, "user_version"), "Integer(3)");
     assert_eq!(pragma(conn, "query_only"), "Integer(0)");
     assert_eq!(pragma(store.reader.conn(), "query_only"), "Integer(1)");
     assert_eq!(pragma(store.reader.conn(), "busy_timeout"), "Integer(100)");
@@ -491,7 +491,7 @@ fn a_version_2_file_moves_its_records_and_clients_into_typed_records() {
         .expect("receipt")
         .is_some());
     let conn = store.writer.conn();
-    assert_eq!(pragma(conn, "user_version"), "Integer(4)");
+    assert_eq!(pragma(conn, "user_version"), "Integer(3)");
     let old_tables: i64 = conn
         .query_row(
             "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('clients', 'records_v2')",
@@ -578,7 +578,7 @@ fn a_version_1_file_gains_dispatched_from_its_receipts_and_migrates_on() {
         dispatched,
         expected.map(|(id, d)| (id.to_owned(), d)).to_vec()
     );
-    assert_eq!(pragma(store.writer.conn(), "user_version"), "Integer(4)");
+    assert_eq!(pragma(store.writer.conn(), "user_version"), "Integer(3)");
 }
 
 #[test]
@@ -633,51 +633,8 @@ fn a_failure_inside_the_transaction_rolls_everything_back() {
     let path = dir.path().join("x.db");
     let mut store = SqliteStore::open(&path, REPO).expect("open");
     populate(&mut store);
-    // Fail the second journal row of a group, after the first was written in the same
-    // transaction: it must vanish with it.
-    store
-        .writer
-        .conn()
-        .execute_batch(
-            "CREATE TEMP TRIGGER refuse_second BEFORE INSERT ON journal \
-             WHEN (SELECT COUNT(*) FROM journal) >= 1 BEGIN SELECT RAISE(ABORT, 'injected'); END;",
-        )
-        .expect("trigger");
-    let mut c = change(3, 5);
-    c.records = vec![
-        state("a", Some("{\"a\":99}")),
-        state("z", Some("{}")),
-        client("c9", "carol", 0).to_record(),
-    ];
-    c.events = vec![event(4, "ahp-root://")];
-    c.receipts = vec![receipt("alice", "dispatch:c1:3", "null")];
-    let mut d = change(4, 5);
-    d.events = vec![event(5, "ahp-root://")];
-    let err = store.commit_group(&[&c, &d]).expect_err("injected failure");
-    assert!(err.0.contains("injected"), "{err}");
-    assert_populated(&mut store);
-    assert_eq!(
-        store.receipt("alice", "dispatch:c1:3").expect("receipt"),
-        None
-    );
-    assert_eq!(store.writer.pending_len(), 0);
-    // The store is still usable, and the numbers the failed change wanted are free.
-    let mut next = change(5, 4);
-    next.events = vec![event(4, "c")];
-    store.commit(&next).expect("commit after a failed one");
-    drop(store);
-    let mut store = SqliteStore::open(&path, REPO).expect("reopen");
-    assert_eq!(store.load(1).expect("load").server_seq, 4);
-}
-
-/// A change is durable once journaled: if applying it fails, it stays readable from the
-/// pending changes, the apply is tried again, and a restart applies it.
-#[test]
-fn a_failed_apply_keeps_the_change_readable_and_a_reopen_applies_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("x.db");
-    let mut store = SqliteStore::open(&path, REPO).expect("open");
-    populate(&mut store);
+    // Fail the last receipt, after records and events were written in the same transaction:
+    // they must vanish with it.
     store
         .writer
         .conn()
@@ -687,65 +644,30 @@ fn a_failed_apply_keeps_the_change_readable_and_a_reopen_applies_it() {
         )
         .expect("trigger");
     let mut c = change(3, 5);
-    c.records = vec![state("a", Some("{\"a\":99}")), state("gone", None)];
+    c.records = vec![
+        state("a", Some("{\"a\":99}")),
+        state("z", Some("{}")),
+        client("c9", "carol", 0).to_record(),
+    ];
     c.events = vec![event(4, "ahp-root://"), event(5, "ahp-root://")];
-    c.receipts = vec![receipt("boom", "k", "\"kept\"")];
-    store.commit(&c).expect("durable in the journal");
-    assert_eq!(store.writer.pending_len(), 1, "the apply failed");
+    c.receipts = vec![
+        receipt("alice", "dispatch:c1:3", "null"),
+        receipt("boom", "k", "null"),
+    ];
+    let err = store.commit(&c).expect_err("injected failure");
+    assert!(err.0.contains("injected"), "{err}");
+    assert_populated(&mut store);
     assert_eq!(
-        store
-            .read_record(Table::State, "a")
-            .expect("read")
-            .as_deref(),
-        Some(&b"{\"a\":99}"[..])
+        store.receipt("alice", "dispatch:c1:3").expect("receipt"),
+        None
     );
-    let kept = store
-        .receipt("boom", "k")
-        .expect("receipt")
-        .expect("pending");
-    assert_eq!(&*kept.result, "\"kept\"");
-    let seqs = |events: Vec<Event>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
-    let root = store
-        .channel_events_after("ahp-root://", 0)
-        .expect("events");
-    assert!(seqs(root).ends_with(&[4, 5]));
-    assert_eq!(
-        store
-            .first_channel_event_after("ahp-root://", 4)
-            .expect("first"),
-        Some(5)
-    );
-    let loaded = store.load(2).expect("load");
-    assert_eq!(loaded.server_seq, 5);
-    assert_eq!(seqs(loaded.events_tail), [4, 5]);
-    // Still failing: the change stays pending, never lost.
-    assert_eq!(
-        store
-            .writer
-            .apply(usize::MAX)
-            .map_err(|e| e.0.contains("injected")),
-        Err(true)
-    );
-    assert_eq!(store.writer.pending_len(), 1);
+    // The store is still usable, and the numbers the failed change wanted are free.
+    let mut next = change(4, 4);
+    next.events = vec![event(4, "c")];
+    store.commit(&next).expect("commit after a failed one");
     drop(store);
-    // The trigger was the connection's own; a new process applies the journal on open.
     let mut store = SqliteStore::open(&path, REPO).expect("reopen");
-    assert_eq!(store.writer.pending_len(), 0);
-    let journal: i64 = store
-        .writer
-        .conn()
-        .query_row("SELECT COUNT(*) FROM journal", [], |row| row.get(0))
-        .expect("count");
-    assert_eq!(journal, 0, "applied and trimmed");
-    assert_eq!(
-        store
-            .read_record(Table::State, "a")
-            .expect("read")
-            .as_deref(),
-        Some(&b"{\"a\":99}"[..])
-    );
-    assert!(store.receipt("boom", "k").expect("receipt").is_some());
-    assert_eq!(store.load(2).expect("load").server_seq, 5);
+    assert_eq!(store.load(1).expect("load").server_seq, 4);
 }
 
 #[test]

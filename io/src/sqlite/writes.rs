@@ -2,11 +2,6 @@
 //! `BEGIN IMMEDIATE` transaction (`synchronous=FULL` makes its `COMMIT` durable), on the
 //! writer thread (`crate::writer`) or, unsplit, on the caller's.
 //!
-//! A group is made durable by appending its changes to the journal, and applied to the tables
-//! later, many groups per transaction ([`SqliteWriter::apply`]; why and how reads see the gap:
-//! `sqlite/journal.rs`). A group with a change larger than [`DIRECT_BYTES`] (a blob upload)
-//! is written to the tables directly, after everything pending, so its bytes are written once.
-//!
 //! Before anything is written, the whole group is checked against what is already committed:
 //! change numbers climb, the `serverSeq` mark never goes backwards, and events climb strictly
 //! above the newest stored one and never above their change's mark. A bug upstream therefore
@@ -15,26 +10,12 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use std::sync::Arc;
-
 use axhost_core::{Change, Commit, StoreError};
 use rusqlite::{params, Connection, TransactionBehavior};
 
-use super::journal::{self, SharedPending};
 use super::schema::{read_server_seq, ReadSeqError};
 use super::{sql, to_i64, OpenError, OwnerLock, META_SERVER_SEQ};
 use crate::writer::BatchStore;
-
-/// Pending changes that make an apply due after a commit: enough that each scattered leaf
-/// is written once for many changes, few enough that an apply is a few milliseconds.
-pub(crate) const APPLY_BATCH: usize = 512;
-
-/// Pending changes past which a group is refused until an apply succeeds: the bound on what
-/// the journal holds in memory if applying keeps failing.
-const PENDING_MAX: usize = 65_536;
-
-/// A change this large (its [`Change::size`]) is written to the tables directly.
-pub(crate) const DIRECT_BYTES: usize = 256 << 10;
 
 /// What the next change must follow: the last committed change number (numbers restart with
 /// each host, so this starts at 0 on open), `serverSeq` mark and event.
@@ -61,12 +42,8 @@ fn check_order(order: Order, change: &Change) -> Result<Order, StoreError> {
             change.server_seq, order.server_seq
         )));
     }
-    // Everything the tables could refuse later is refused now: a journaled change is durable,
-    // so its apply must not fail for what it holds (the tables' keys are upserts or climb).
-    to_i64(change.server_seq, "serverSeq")?;
     let mut last = order.last_event;
     for event in &change.events {
-        to_i64(event.seq, "event seq")?;
         if event.seq <= last {
             return Err(StoreError(format!(
                 "event seq {} not above {last}",
@@ -96,8 +73,6 @@ pub struct SqliteWriter {
     path: PathBuf,
     /// What is committed, mirrored so the checks need no query.
     order: Order,
-    /// Journaled changes not yet applied, shared with the reader.
-    pending: SharedPending,
 }
 
 impl fmt::Debug for SqliteWriter {
@@ -115,7 +90,6 @@ impl SqliteWriter {
         conn: Connection,
         lock: OwnerLock,
         path: &Path,
-        pending: SharedPending,
     ) -> Result<SqliteWriter, OpenError> {
         let server_seq = read_server_seq(&conn).map_err(|e| match e {
             ReadSeqError::Sqlite(source) => OpenError::Sqlite {
@@ -150,7 +124,6 @@ impl SqliteWriter {
                 server_seq,
                 last_event,
             },
-            pending,
         })
     }
 
@@ -160,9 +133,7 @@ impl SqliteWriter {
     }
 
     /// Commits `changes`, in order, in one transaction: all of them or none. Refuses the whole
-    /// group, writing nothing, if any change is out of order (see the module docs). The
-    /// changes are journaled (or, with one over [`DIRECT_BYTES`], written to the tables after
-    /// everything pending is applied).
+    /// group, writing nothing, if any change is out of order (see the module docs).
     pub fn commit_group(&mut self, changes: &[&Change]) -> Result<(), StoreError> {
         let Some(last) = changes.last() else {
             return Ok(());
@@ -171,32 +142,14 @@ impl SqliteWriter {
         for change in changes {
             order = check_order(order, change)?;
         }
-        let direct = changes.iter().any(|c| c.size() > DIRECT_BYTES);
-        if direct || self.pending_len() >= PENDING_MAX {
-            // Both need the tables current: a direct write must follow what is pending, and
-            // a full journal must shrink before it grows.
-            self.apply(usize::MAX)?;
-        }
         // IMMEDIATE takes the write lock up front, so the transaction cannot fail half-way for
         // want of it. Dropping `tx` without `commit` rolls everything back.
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql("starting a transaction"))?;
-        let mut journaled = Vec::new();
-        if direct {
-            for change in changes {
-                write_change(&tx, change)?;
-            }
-        } else {
-            let mut stmt = tx
-                .prepare_cached("INSERT INTO journal(body) VALUES (?1)")
-                .map_err(sql("preparing the journal append"))?;
-            for change in changes {
-                stmt.execute(params![journal::encode(change)])
-                    .map_err(sql("appending to the journal"))?;
-                journaled.push(tx.last_insert_rowid());
-            }
+        for change in changes {
+            write_change(&tx, change)?;
         }
         // The marks only climb (checked above), so the last one is the group's.
         let mut stmt = tx
@@ -210,40 +163,7 @@ impl SqliteWriter {
         drop(stmt);
         tx.commit().map_err(sql("committing"))?;
         self.order = order;
-        if !journaled.is_empty() {
-            let mut pending = journal::lock(&self.pending);
-            for (id, change) in journaled.into_iter().zip(changes) {
-                pending.push(id, Arc::new((*change).clone()));
-            }
-        }
         Ok(())
-    }
-
-    /// Journaled changes not yet applied.
-    pub fn pending_len(&self) -> usize {
-        journal::lock(&self.pending).len()
-    }
-
-    /// Applies up to `max` of the oldest journaled changes to the tables and deletes their
-    /// journal rows, in one transaction; returns how many. On `Err` nothing changed, and the
-    /// changes stay pending (and durable in the journal) for the next try.
-    pub fn apply(&mut self, max: usize) -> Result<usize, StoreError> {
-        let batch = journal::lock(&self.pending).oldest(max);
-        let Some(&(through, _)) = batch.last() else {
-            return Ok(0);
-        };
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql("starting an apply"))?;
-        for (_, change) in &batch {
-            write_change(&tx, change)?;
-        }
-        tx.execute("DELETE FROM journal WHERE id <= ?1", params![through])
-            .map_err(sql("trimming the journal"))?;
-        tx.commit().map_err(sql("committing an apply"))?;
-        journal::lock(&self.pending).applied(through);
-        Ok(batch.len())
     }
 
     /// The connection, for tests that inspect the file or inject failures.
@@ -251,27 +171,6 @@ impl SqliteWriter {
     pub(super) fn conn(&self) -> &Connection {
         &self.conn
     }
-}
-
-/// Applies every row the journal holds, oldest first, inside the already-open transaction `tx`,
-/// and empties it; returns how many. Opening a database calls it before anything is read.
-pub(super) fn apply_journal(tx: &Connection) -> Result<usize, StoreError> {
-    let rows: Vec<Vec<u8>> = {
-        let mut stmt = tx
-            .prepare("SELECT body FROM journal ORDER BY id")
-            .map_err(sql("reading the journal"))?;
-        let rows = stmt
-            .query_map([], |row| row.get::<_, Vec<u8>>(0))
-            .map_err(sql("reading the journal"))?;
-        rows.collect::<Result<_, _>>()
-            .map_err(sql("reading the journal"))?
-    };
-    for body in &rows {
-        write_change(tx, &journal::decode(body)?)?;
-    }
-    tx.execute("DELETE FROM journal", [])
-        .map_err(sql("emptying the journal"))?;
-    Ok(rows.len())
 }
 
 /// Writes every part of `change` inside the already-open transaction `tx`.
@@ -341,18 +240,6 @@ impl BatchStore for SqliteWriter {
         let changes: Vec<&Change> = batch.iter().map(|c| &**c).collect();
         self.commit_group(&changes)
     }
-
-    fn catch_up(&mut self, idle: bool) -> bool {
-        let pending = self.pending_len();
-        if pending == 0 || (!idle && pending < APPLY_BATCH) {
-            return pending > 0;
-        }
-        if let Err(e) = self.apply(usize::MAX) {
-            // Durable in the journal all the same; the next catch-up tries again.
-            tracing::warn!(error = %e, pending, "applying the journal failed");
-        }
-        self.pending_len() > 0
-    }
 }
 
 #[cfg(test)]
@@ -391,10 +278,5 @@ mod tests {
         assert!(check_order(after, &change(2, 3, &[4])).is_err());
         // An event below a reserved mark is fine.
         assert!(check_order(after, &change(2, 1024, &[3])).is_ok());
-        // Past what SQLite stores: refused before it is journaled, never at its apply.
-        let top = i64::MAX as u64;
-        assert!(check_order(after, &change(2, top, &[top])).is_ok());
-        assert!(check_order(after, &change(2, top + 1, &[4])).is_err());
-        assert!(check_order(after, &change(2, u64::MAX, &[top + 1])).is_err());
     }
 }

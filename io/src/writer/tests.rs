@@ -601,47 +601,4 @@ mod with_a_host {
             "{durable} changes were durable"
         );
     }
-
-    /// Rows in the journal, read through a connection of its own.
-    fn journal_rows(path: &Path) -> i64 {
-        Connection::open(path)
-            .expect("open")
-            .query_row("SELECT COUNT(*) FROM journal", [], |row| row.get(0))
-            .expect("count")
-    }
-
-    /// The writer journals each group and applies the journal once no change has come for a
-    /// moment (reads of what is pending meanwhile: `sqlite::tests`).
-    #[test]
-    fn an_idle_writer_applies_the_journal() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("x.db");
-        let (mut host, mut writer) = start(&path);
-        let now = Now::at(1);
-        let conn = ConnId(1);
-        host.handle(
-            now,
-            Input::Connected {
-                conn,
-                principal: Arc::new(Principal::maintainer("me")),
-            },
-        );
-        let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"channel":"ahp-root://","protocolVersions":["0.9.0"],"clientId":"c1"}}"#;
-        host.handle(now, Input::Message { conn, text: init });
-        drain(&mut host, &mut writer);
-        deliver(&mut host, &mut writer, now);
-        drain(&mut host, &mut writer);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while journal_rows(&path) > 0 {
-            assert!(Instant::now() < deadline, "the journal was never applied");
-            std::thread::sleep(CATCH_UP_IDLE);
-        }
-        assert!(writer.finish(Duration::from_secs(10)));
-        drop(host);
-        let mut store = SqliteStore::open(&path, "default").expect("reopen");
-        assert!(store
-            .read_record(Table::Client, "c1")
-            .expect("read")
-            .is_some());
-    }
 }
