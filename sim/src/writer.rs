@@ -332,6 +332,18 @@ impl<T: Numbered> SimWriter<T> {
         self.armed = false;
     }
 
+    /// One round of a clean stop: everything due at the stop's next instant (see
+    /// [`CleanStop`]), committed through `commit`; the outcomes go to the host before the next
+    /// round, since what they release may submit more. An error once the stop ran out of rounds.
+    pub fn stop_round<E>(
+        &mut self,
+        stop: &mut CleanStop,
+        commit: impl FnMut(&[T]) -> Result<(), E>,
+    ) -> Result<Vec<Outcome>, String> {
+        let at_ms = stop.next_round()?;
+        Ok(self.run_due(at_ms, commit))
+    }
+
     /// Whether anything is queued, being committed, or not yet reported.
     pub fn busy(&self) -> bool {
         !self.queue.is_empty() || self.current.is_some() || !self.reports.is_empty()
@@ -359,6 +371,39 @@ impl<T: Numbered> SimWriter<T> {
             .iter()
             .flat_map(|t| t.changes.iter())
             .chain(self.queue.iter())
+    }
+}
+
+/// The instants of a clean stop: each a billion milliseconds past the last, so that every
+/// latency, slow commit and report delay has passed and each round finishes a transaction,
+/// while the world's own clock does not move (a stop takes no simulated time). Bounded, so a
+/// writer that never empties is a violation instead of a hang.
+#[derive(Debug)]
+pub struct CleanStop {
+    at_ms: u64,
+    rounds: u32,
+}
+
+impl CleanStop {
+    /// Rounds a stop may take: far more than the changes a host can have in flight.
+    pub const ROUNDS_MAX: u32 = 100_000;
+
+    /// A stop beginning at `now_ms`.
+    pub fn at(now_ms: u64) -> CleanStop {
+        CleanStop {
+            at_ms: now_ms,
+            rounds: 0,
+        }
+    }
+
+    /// The next round's instant, or an error past [`CleanStop::ROUNDS_MAX`].
+    pub fn next_round(&mut self) -> Result<u64, String> {
+        self.rounds += 1;
+        if self.rounds > Self::ROUNDS_MAX {
+            return Err("the writer never settled for a clean stop".into());
+        }
+        self.at_ms = self.at_ms.saturating_add(1_000_000_000);
+        Ok(self.at_ms)
     }
 }
 
@@ -504,5 +549,39 @@ mod tests {
         assert!(through.windows(2).all(|w| w[0] < w[1]), "{through:?}");
         assert_eq!(through.last(), Some(&200));
         assert_eq!(store, (1..=200).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_clean_stop_finishes_every_transaction_and_is_bounded() {
+        let mut w = writer(CommitProfile {
+            slow: Ratio::new(1, 1),
+            slow_ms_max: 60_000,
+            ..FIXED
+        });
+        for n in 1..=5 {
+            w.submit(C(n, 0), 0).expect("submit");
+        }
+        let mut stop = CleanStop::at(0);
+        let mut committed = Vec::new();
+        let mut reported = Vec::new();
+        while w.busy() {
+            let outcomes = w
+                .stop_round(&mut stop, |batch: &[C]| {
+                    committed.extend(batch.iter().map(|c| c.0));
+                    Ok::<(), ()>(())
+                })
+                .expect("a round");
+            reported.extend(outcomes);
+        }
+        assert_eq!(committed, [1, 2, 3, 4, 5]);
+        assert_eq!(reported.last(), Some(&Outcome::Durable { through: 5 }));
+        let mut endless = CleanStop::at(0);
+        for _ in 0..CleanStop::ROUNDS_MAX {
+            endless.next_round().expect("within the bound");
+        }
+        assert!(
+            endless.next_round().is_err(),
+            "a stop that never ends fails"
+        );
     }
 }

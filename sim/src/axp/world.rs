@@ -31,7 +31,7 @@ use crate::durability::DurabilityOracle;
 use crate::net::{Direction, SimNet, ToClient, ToHost};
 use crate::options::Ratio;
 use crate::store::SimStore;
-use crate::writer::{Outcome, SimWriter, WriterStats};
+use crate::writer::{CleanStop, Outcome, SimWriter, WriterStats};
 
 /// Wall-clock origin of every run: 2026-01-01T00:00:00Z.
 const EPOCH_MS: u64 = 1_767_225_600_000;
@@ -532,15 +532,15 @@ impl AxpWorld {
         if kill {
             self.writer.crash();
         } else {
-            let mut far = self.now_ms;
+            let mut stop = CleanStop::at(self.now_ms);
             while self.writer.busy() {
-                far += 1_000_000_000;
                 let Some(host) = self.host.as_mut() else {
                     break;
                 };
                 let outcomes = self
                     .writer
-                    .run_due(far, |batch| host.store_mut().commit_group(batch));
+                    .stop_round(&mut stop, |batch| host.store_mut().commit_group(batch))
+                    .map_err(|m| self.violation(m))?;
                 self.report(outcomes)?;
             }
             self.writer.crash();

@@ -2,6 +2,7 @@
 //! a kill with commits in flight (what was durable survives, the rest is gone).
 
 use super::*;
+use crate::writer::CleanStop;
 
 impl World {
     /// Stops the host cleanly (its writer finishes first) and starts a new one over the same
@@ -20,22 +21,15 @@ impl World {
     /// every outcome (and hands out whatever those lead to), until nothing is in flight. The
     /// host's state is then the store's; returns it, to compare the restarted host with.
     fn settle_writer(&mut self) -> Result<Option<Durable>, Violation> {
-        // Each round far enough ahead that every latency and report delay has passed; the clock
-        // itself does not move (the stop takes no simulated time).
-        let mut far = self.clock.mono_ms;
-        let mut rounds = 0u32;
+        let mut stop = CleanStop::at(self.clock.mono_ms);
         while self.writer.busy() {
-            far += 1_000_000_000;
-            rounds += 1;
-            if rounds > 100_000 {
-                return Err(self.violation("the writer never settled for a clean stop"));
-            }
             let Some(host) = self.host.as_mut() else {
                 break;
             };
             let outcomes = self
                 .writer
-                .run_due(far, |batch| host.store_mut().commit_group(batch));
+                .stop_round(&mut stop, |batch| host.store_mut().commit_group(batch))
+                .map_err(|m| self.violation(m))?;
             self.report_outcomes(outcomes)?;
         }
         self.writer.crash();
