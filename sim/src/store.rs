@@ -143,3 +143,34 @@ impl Store for SimStore {
         self.mem.first_channel_event_after(channel, after)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    fn change(number: u64) -> Change {
+        Change {
+            number,
+            server_seq: number,
+            ..Change::default()
+        }
+    }
+
+    /// A change committed alone (the shared drive loop's immediate and queued modes) meets
+    /// the same faults as a group, and a refusal changes nothing.
+    #[test]
+    fn a_change_alone_is_refused_like_a_group_and_leaves_nothing() {
+        let mut store = SimStore::new(ChaCha8Rng::seed_from_u64(3), None);
+        store.fail_next_commits(1);
+        assert!(Commit::commit(&mut store, &change(1)).is_err());
+        assert_eq!((store.refused, store.mem().commits()), (1, 0));
+        Commit::commit(&mut store, &change(1)).expect("the next one");
+        assert_eq!(store.mem().server_seq(), 1);
+        let mut always = SimStore::new(ChaCha8Rng::seed_from_u64(3), Some(Ratio::new(1, 1)));
+        assert!(Commit::commit(&mut always, &change(1)).is_err());
+        always.disarm();
+        Commit::commit(&mut always, &change(1)).expect("disarmed");
+    }
+}
