@@ -19,7 +19,7 @@
 //! - An **observer** mirrors `axp-executors://` and every session's exchange it may read with
 //!   the reducer in [`crate::axp::replica`], and tries commands its role may not run. Some are
 //!   scoped to one session.
-//! - Every role uses repository memory ([`memory`]): executors propose lessons, maintainers
+//! - Every role uses repository memory (`memory.rs`): executors propose lessons, maintainers
 //!   review them and watch `axp-memory://`, everyone searches.
 //!
 //! Requests whose params are deliberately invalid carry a string id, so the oracle can tell
