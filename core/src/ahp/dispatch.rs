@@ -198,9 +198,18 @@ impl Sessions {
         // official AHP clients start clientSeq at 1 on every connection. It is applied as a
         // new action and its receipt replaces the old one. (The AXP host refuses it with
         // -32011, which breaks every official client after its first reconnect.)
-        if let Some(known) = k.receipt(owner, &key)? {
-            if known.fingerprint == fingerprint {
-                return Ok(Dispatched::Retry(known.change, known.result));
+        //
+        // A clientSeq above every one this binding has a receipt for (`last_client_seq` is
+        // raised in the same change as each receipt, and dispatched bindings are never
+        // released) cannot be a retry, so the common case costs no store read on the loop.
+        let unused_seq = clients.get(&origin.client_id).is_some_and(|c| {
+            c.owner == owner && (!c.dispatched || p.client_seq > c.last_client_seq)
+        });
+        if !unused_seq {
+            if let Some(known) = k.receipt(owner, &key)? {
+                if known.fingerprint == fingerprint {
+                    return Ok(Dispatched::Retry(known.change, known.result));
+                }
             }
         }
         let action: StateAction = serde_json::from_str(p.action.get())

@@ -610,20 +610,34 @@ fn a_retry_of_a_recent_dispatch_is_known_without_reading_the_store() {
         "a retry: neither applied again nor rejected"
     );
     assert_eq!(h.host.server_seq(), seq);
-    // A clientSeq the host has not committed lately is looked up in the store, and a read that
-    // fails refuses it: the host cannot tell a retry from new work.
-    h.host.store_mut().fail_next_reads(1);
-    let out = h.dispatch(1, "ahp-chat:/s1", 2, turn("t2", "next"));
-    assert_eq!(out.len(), 1);
-    assert!(out[0].1["params"]["rejectionReason"].is_string());
-    assert_eq!(h.host.server_seq(), seq);
+    // A clientSeq above every one the client used cannot be a retry: applied with no lookup
+    // (the armed failure is never met).
+    let reads = h.host.store().reads();
+    let cancel = json!({"type":"chat/turnCancelled","turnId":"t1","duration":1});
+    let out = h.dispatch(1, "ahp-chat:/s1", 2, cancel);
+    assert!(
+        out.iter()
+            .all(|(_, f)| f["params"].get("rejectionReason").is_none()),
+        "applied: {out:?}"
+    );
+    assert!(h.host.server_seq() > seq);
+    assert_eq!(h.host.store().reads(), reads);
+    let seq = h.host.server_seq();
     // After a restart the memory is empty and the store answers for the retry.
-    let store = h.host.into_store();
+    let mut store = h.host.into_store();
+    store.fail_next_reads(0);
     let mut h = Harness::with(HostConfig::default(), store);
     h.init(1, Principal::maintainer("m"), "c1", &["ahp-chat:/s1"]);
     assert!(h
         .dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"))
         .is_empty());
+    assert_eq!(h.host.server_seq(), seq);
+    // A clientSeq the client used before but the host did not commit lately is looked up in
+    // the store, and a read that fails refuses it: the host cannot tell a retry from new work.
+    h.host.store_mut().fail_next_reads(1);
+    let out = h.dispatch(1, "ahp-chat:/s1", 2, turn("t9", "other"));
+    assert_eq!(out.len(), 1);
+    assert!(out[0].1["params"]["rejectionReason"].is_string());
     assert_eq!(h.host.server_seq(), seq);
 }
 
@@ -1520,13 +1534,45 @@ fn a_client_that_may_not_dispatch_costs_no_store_read() {
     );
     assert!(out[0].1["params"]["rejectionReason"].is_string());
     assert_eq!(h.host.store().reads(), reads);
-    // A permitted action under a clientSeq not committed lately is looked up, once.
+    // A permitted action under a clientSeq this client never used is new work: applied with
+    // no lookup either (the common case: a client numbering its actions 1, 2, 3, ...).
     h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
-    assert_eq!(h.host.store().reads(), reads + 1);
+    assert_eq!(h.host.store().reads(), reads);
     assert_eq!(
         h.host.channel_state("ahp-chat:/s1").expect("chat")["activeTurn"]["id"],
         "t1"
     );
+    // One it used lately is answered from memory.
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    assert_eq!(h.host.store().reads(), reads);
+}
+
+#[test]
+fn a_used_client_seq_missing_from_memory_is_looked_up_once() {
+    let mut h = Harness::new();
+    h.open_chat(&[]);
+    let cancel = |id: &str| json!({"type":"chat/turnCancelled","turnId":id,"duration":1});
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    h.dispatch(1, "ahp-chat:/s1", 2, cancel("t1"));
+    h.dispatch(1, "ahp-chat:/s1", 3, turn("t3", "hi"));
+    let seq = h.host.server_seq();
+    let store = h.host.into_store();
+    let mut h = Harness::with(HostConfig::default(), store);
+    h.init(1, Principal::maintainer("m"), "c1", &["ahp-chat:/s1"]);
+    let reads = h.host.store().reads();
+    // At or below the binding's lastClientSeq: maybe a retry, so the store is asked.
+    assert!(h.dispatch(1, "ahp-chat:/s1", 2, cancel("t1")).is_empty());
+    assert_eq!(h.host.store().reads(), reads + 1);
+    assert_eq!(h.host.server_seq(), seq, "a retry changes nothing");
+    // Above it: new work, no read.
+    let out = h.dispatch(1, "ahp-chat:/s1", 4, cancel("t3"));
+    assert!(
+        out.iter()
+            .all(|(_, f)| f["params"].get("rejectionReason").is_none()),
+        "applied: {out:?}"
+    );
+    assert_eq!(h.host.store().reads(), reads + 1);
+    assert!(h.host.server_seq() > seq);
 }
 
 #[test]
