@@ -212,9 +212,13 @@ impl Store for SqliteReader {
             i64::try_from(after).map_err(|_| StoreError("sequence number out of range".into()))?;
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT seq, envelope FROM events WHERE channel = ?1 AND seq > ?2 ORDER BY seq",
-            )
+            .prepare_cached(concat!(
+                "SELECT seq, envelope FROM events WHERE ",
+                stream_of!("channel"),
+                " = ",
+                stream_of!("?1"),
+                " AND channel = ?1 AND seq > ?2 ORDER BY seq"
+            ))
             .map_err(sql("preparing the channel events query"))?;
         let rows = stmt
             .query_map(params![channel, after], |row| {
@@ -243,9 +247,13 @@ impl Store for SqliteReader {
             i64::try_from(after).map_err(|_| StoreError("sequence number out of range".into()))?;
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT seq FROM events WHERE channel = ?1 AND seq > ?2 ORDER BY seq LIMIT 1",
-            )
+            .prepare_cached(concat!(
+                "SELECT seq FROM events WHERE ",
+                stream_of!("channel"),
+                " = ",
+                stream_of!("?1"),
+                " AND channel = ?1 AND seq > ?2 ORDER BY seq LIMIT 1"
+            ))
             .map_err(sql("preparing the first channel event query"))?;
         let seq: Option<i64> = stmt
             .query_row(params![channel, after], |row| row.get(0))

@@ -147,49 +147,93 @@ fn a_new_database_loads_empty() {
     assert_eq!(open(&dir).load(4096).expect("load"), Loaded::default());
 }
 
+/// The query plan of `sql` on the reader, one line per step.
+fn plan(store: &SqliteStore, sql: &str) -> String {
+    let conn = store.reader.conn();
+    let mut stmt = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .expect("plan");
+    let rows = stmt
+        .query_map([], |row| row.get::<_, String>(3))
+        .expect("plan rows");
+    rows.map(|r| r.expect("plan row"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 #[test]
-fn channel_events_after_uses_the_index_and_matches_the_reference_store() {
+fn channel_events_after_uses_the_stream_index_and_matches_the_reference_store() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut store = open(&dir);
     let mut mem = MemStore::new();
-    for seq in 1..=9u64 {
-        let channel = if seq % 3 == 0 { "b" } else { "a" };
+    // Two sessions' channels interleaved, the singletons among them (which share no stream
+    // with each other), and channels outside every scheme.
+    let channels = [
+        "ahp-chat:/s1",
+        "ahp-session:/s1",
+        "axp-session:/s1",
+        "ahp-chat:/s2",
+        "ahp-root://",
+        "axp-memory://",
+        "ahp-session:/s2",
+        "a",
+        "b",
+        "ahp-chat:/s1/x",
+    ];
+    for seq in 1..=40u64 {
         let mut c = change(seq, seq);
-        c.events = vec![event(seq, channel)];
+        c.events = vec![event(seq, channels[(seq as usize * 7) % channels.len()])];
         store.commit(&c).expect("commit");
         mem.commit(&c).expect("commit");
     }
-    for (channel, after) in [("a", 0), ("a", 4), ("b", 3), ("b", 9), ("c", 0)] {
-        assert_eq!(
-            store.channel_events_after(channel, after).expect("sqlite"),
-            mem.channel_events_after(channel, after).expect("mem"),
-            "{channel} after {after}"
-        );
-        assert_eq!(
-            store
-                .first_channel_event_after(channel, after)
-                .expect("sqlite"),
-            mem.first_channel_event_after(channel, after).expect("mem"),
-            "first on {channel} after {after}"
-        );
+    for channel in channels
+        .iter()
+        .copied()
+        .chain(["ahp-chat:/s3", "ahp-chat:/", "c"])
+    {
+        for after in [0, 4, 17, 39, 40] {
+            assert_eq!(
+                store.channel_events_after(channel, after).expect("sqlite"),
+                mem.channel_events_after(channel, after).expect("mem"),
+                "{channel} after {after}"
+            );
+            assert_eq!(
+                store
+                    .first_channel_event_after(channel, after)
+                    .expect("sqlite"),
+                mem.first_channel_event_after(channel, after).expect("mem"),
+                "first on {channel} after {after}"
+            );
+        }
     }
     let seqs: Vec<u64> = store
-        .channel_events_after("a", 4)
-        .expect("a")
+        .channel_events_after("ahp-chat:/s1", 4)
+        .expect("events")
         .iter()
         .map(|e| e.seq)
         .collect();
-    assert_eq!(seqs, vec![5, 7, 8]);
-    let plan: String = store
-        .reader
-        .conn()
-        .query_row(
-            "EXPLAIN QUERY PLAN SELECT seq, envelope FROM events WHERE channel = 'a' AND seq > 4 ORDER BY seq",
-            [],
-            |row| row.get(3),
-        )
-        .expect("plan");
-    assert!(plan.contains("events_channel"), "{plan}");
+    assert_eq!(seqs, vec![10, 20, 30, 40]);
+    // Both reads search the index by stream (never a scan of every event), in seq order.
+    for sql in [
+        concat!(
+            "SELECT seq, envelope FROM events WHERE ",
+            stream_of!("channel"),
+            " = ",
+            stream_of!("'ahp-chat:/s1'"),
+            " AND channel = 'ahp-chat:/s1' AND seq > 4 ORDER BY seq"
+        ),
+        concat!(
+            "SELECT seq FROM events WHERE ",
+            stream_of!("channel"),
+            " = ",
+            stream_of!("'ahp-root://'"),
+            " AND channel = 'ahp-root://' AND seq > 4 ORDER BY seq LIMIT 1"
+        ),
+    ] {
+        let plan = plan(&store, sql);
+        assert!(plan.contains("USING INDEX events_stream"), "{plan}");
+        assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+    }
 }
 
 #[test]

@@ -53,7 +53,9 @@ fn pragmas_and_schema_version_are_set() {
     assert_eq!(pragma(conn, "synchronous"), "Integer(2)");
     assert_eq!(pragma(conn, "foreign_keys"), "Integer(1)");
     assert_eq!(pragma(conn, "busy_timeout"), "Integer(100)");
-    assert_eq!(pragma(conn, "user_version"), "Integer(3)");
+    assert_eq!(pragma(conn, "user_version"), "Integer(4)");
+    assert_eq!(pragma(conn, "wal_autocheckpoint"), "Integer(4096)");
+    assert_eq!(pragma(conn, "journal_size_limit"), "Integer(33554432)");
     assert_eq!(pragma(conn, "query_only"), "Integer(0)");
     assert_eq!(pragma(store.reader.conn(), "query_only"), "Integer(1)");
     assert_eq!(pragma(store.reader.conn(), "busy_timeout"), "Integer(100)");
@@ -121,7 +123,7 @@ fn a_version_2_file_moves_its_records_and_clients_into_typed_records() {
         .expect("receipt")
         .is_some());
     let conn = store.writer.conn();
-    assert_eq!(pragma(conn, "user_version"), "Integer(3)");
+    assert_eq!(pragma(conn, "user_version"), "Integer(4)");
     let old_tables: i64 = conn
         .query_row(
             "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('clients', 'records_v2')",
@@ -139,7 +141,7 @@ fn a_version_2_file_moves_its_records_and_clients_into_typed_records() {
     };
     assert_eq!(types, vec!["blob".to_owned()]);
     drop(store);
-    // A migrated file opens as a version 3 one, and takes new changes after its history.
+    // A migrated file opens as a version 4 one, and takes new changes after its history.
     let mut store = SqliteStore::open(&path, REPO).expect("reopen");
     assert_eq!(store.load(10).expect("load"), loaded);
     let mut next = change(1, 8);
@@ -208,7 +210,51 @@ fn a_version_1_file_gains_dispatched_from_its_receipts_and_migrates_on() {
         dispatched,
         expected.map(|(id, d)| (id.to_owned(), d)).to_vec()
     );
-    assert_eq!(pragma(store.writer.conn(), "user_version"), "Integer(3)");
+    assert_eq!(pragma(store.writer.conn(), "user_version"), "Integer(4)");
+}
+
+/// The names of the indexes on `events`.
+fn event_indexes(conn: &Connection) -> Vec<String> {
+    let mut stmt = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'events' ORDER BY name")
+        .expect("prepare");
+    let rows = stmt.query_map([], |row| row.get(0)).expect("query");
+    rows.map(|r| r.expect("row")).collect()
+}
+
+#[test]
+fn a_version_3_file_trades_its_channel_index_for_the_stream_index() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("x.db");
+    {
+        // The version 3 schema, as the previous release wrote it.
+        let conn = Connection::open(&path).expect("raw open");
+        conn.execute_batch(
+            "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
+             CREATE TABLE records(tbl TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY(tbl, key));
+             CREATE TABLE events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
+             CREATE INDEX events_channel ON events(channel, seq);
+             CREATE TABLE receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
+             INSERT INTO meta VALUES ('server_seq', '4'), ('repository', 'default');
+             INSERT INTO events VALUES (1, 'ahp-chat:/s1', '{\"seq\":1}'), (2, 'ahp-session:/s1', '{\"seq\":2}'),
+                                       (3, 'ahp-root://', '{\"seq\":3}'), (4, 'ahp-chat:/s1', '{\"seq\":4}');
+             PRAGMA user_version = 3;",
+        )
+        .expect("version 3 schema");
+        assert_eq!(event_indexes(&conn), vec!["events_channel".to_owned()]);
+    }
+    let mut store = SqliteStore::open(&path, REPO).expect("migrating open");
+    let conn = store.writer.conn();
+    assert_eq!(pragma(conn, "user_version"), "Integer(4)");
+    assert_eq!(event_indexes(conn), vec!["events_stream".to_owned()]);
+    let seqs = |store: &mut SqliteStore, channel: &str| -> Vec<u64> {
+        let events = store.channel_events_after(channel, 0).expect("events");
+        events.iter().map(|e| e.seq).collect()
+    };
+    assert_eq!(seqs(&mut store, "ahp-chat:/s1"), vec![1, 4]);
+    assert_eq!(seqs(&mut store, "ahp-session:/s1"), vec![2]);
+    assert_eq!(seqs(&mut store, "ahp-root://"), vec![3]);
+    assert_eq!(store.load(10).expect("load").server_seq, 4);
 }
 
 #[test]
@@ -354,7 +400,7 @@ fn a_database_from_before_the_binding_is_adopted() {
         Err(OpenError::RepositoryMismatch { .. })
     ));
 
-    // Same for a version 3 file written before the binding existed.
+    // Same for a file of this version written before the binding existed.
     let path = dir.path().join("y.db");
     drop(SqliteStore::open(&path, "first").expect("open"));
     Connection::open(&path)
