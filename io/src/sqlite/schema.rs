@@ -31,7 +31,7 @@ use rusqlite::{
 use super::{OpenError, BUSY_TIMEOUT, META_REPOSITORY, META_SERVER_SEQ};
 
 /// WAL pages after which a commit copies the WAL into the database (SQLite's default is
-/// 1,000). A dispatch dirties ~2.5 pages, many of them leaves the next dispatches of the same
+/// 1,000). A dispatch dirties ~3.4 pages, many of them leaves the next dispatches of the same
 /// sessions dirty again; a checkpoint copies each page once however often the WAL holds it, so
 /// a longer WAL copies fewer pages per change (4,096: +10% durable changes/s at 64 writers,
 /// `docs/performance.md`) at the price of a longer pause for the commit that checkpoints.
