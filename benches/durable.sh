@@ -5,6 +5,7 @@
 #   bash benches/durable.sh OLD_BINARY NEW_BINARY
 #   bash benches/durable.sh BINARY
 #   DURATION=2 REPS=1 bash benches/durable.sh BINARY        # smoke run, under a minute
+#   CONFIG_A=$'[tuning]\nwriter_spin_us = 0' bash benches/durable.sh BIN BIN   # one binary, two configs
 #
 # Configurations (axhost-durable, benches/load/src/bin/durable/): C = 1, 8, 64 writers, each on
 # its own session dispatching closed-loop (chat/turnStarted, then chat/turnCancelled, each after
@@ -23,7 +24,8 @@
 # data directories go: on the disk to measure, never tmpfs; default $TMPDIR or /tmp), HOST_CPU /
 # LOAD_CPU (taskset CPU lists for the host and the load tool; unset: not pinned), REQUEST_GAP
 # (the requester's wait after each response, e.g. 1ms; default 0s: back to back, which keeps the
-# host awake), PROBE (0 skips the SQLite probe), OUT (also write the report to this file).
+# host awake), PROBE (0 skips the SQLite probe), OUT (also write the report to this file),
+# CONFIG_A / CONFIG_B (lines appended to that side's axhost.toml).
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2; }
@@ -91,17 +93,21 @@ stop_host() {
     HOST_PID=
 }
 
-# one_run BIN CONFIG RESULT: writes the tool's JSON line to RESULT. (Not run in a command
+# one_run BIN CONFIG RESULT SIDE: writes the tool's JSON line to RESULT. (Not run in a command
 # substitution: the host's pid must stay in this shell for the exit trap.)
 RUN_N=0
 one_run() {
-    local bin=$1 config=$2 result=$3 dir token addr out status
+    local bin=$1 config=$2 result=$3 side=$4 dir token addr out status extra
     RUN_N=$((RUN_N + 1))
     dir="$WORK/run-$RUN_N"
     mkdir -p "$dir"
     mkdir -m 700 "$dir/data"
     token=$("$bin" token add --data-dir "$dir/data" --id load --role maintainer 2>/dev/null | tail -n 1 | tr -d '[:space:]')
     [ -n "$token" ] || { echo "durable.sh: $bin token add printed no token" >&2; return 1; }
+    extra="CONFIG_$side"
+    if [ -n "${!extra:-}" ]; then
+        printf '%s\n' "${!extra}" >>"$dir/data/axhost.toml"
+    fi
     # shellcheck disable=SC2046
     RUST_LOG=warn $(pin "$HOST_CPU") "$bin" serve --listen 127.0.0.1:0 --data-dir "$dir/data" \
         >"$dir/out" 2>"$dir/log" </dev/null &
@@ -171,6 +177,8 @@ RAW="$WORK/raw"
     if [ "$REQUEST_GAP" = 0s ]; then echo "- requests back to back"; else echo "- requests $REQUEST_GAP apart"; fi
     echo "- load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
     for i in "${!BINS[@]}"; do
+        extra="CONFIG_${SIDES[$i]}"
+        [ -z "${!extra:-}" ] || echo "- ${SIDES[$i]} config: \`$(tr '\n' ' ' <<<"${!extra}")\`"
         echo "- ${SIDES[$i]}: \`${BINS[$i]}\` (sha256 $(sha256sum "${BINS[$i]}" | cut -c1-12), built $(date -u -r "${BINS[$i]}" '+%Y-%m-%d %H:%M UTC'))"
     done
     echo "- $DURATION s per run after $WARMUP s of warmup, $REPS reps; each run a fresh host on a fresh data directory"
@@ -191,7 +199,7 @@ for rep in $(seq 1 "$REPS"); do
         order=("${!BINS[@]}")
         if [ "${#BINS[@]}" -eq 2 ] && [ $((rep % 2)) -eq 0 ]; then order=(1 0); fi
         for i in "${order[@]}"; do
-            one_run "${BINS[$i]}" "$config" "$WORK/line"
+            one_run "${BINS[$i]}" "$config" "$WORK/line" "${SIDES[$i]}"
             line=$(cat "$WORK/line")
             echo "${SIDES[$i]} $config $line" | tee -a "$RAW" >&2
             echo "$line" >>"$WORK/${SIDES[$i]}.$config"

@@ -262,6 +262,7 @@ fn serve_store(
         keepalive_ms: cfg.keepalive(),
         busy_poll_us: cfg.busy_poll(),
         coalesce_us: cfg.coalesce(),
+        writer_spin_us: cfg.writer_spin(),
         driver_limits: cfg.driver_limits.clone(),
     };
     serve(host, writes, opts, |addr| {

@@ -96,6 +96,10 @@ pub struct ServeOptions {
     /// batch, it spends a gap before each turn, starting at this and adapting to the peer
     /// between 65% and 200% of it, and reads one round per turn (`server/coalesce.rs`). 0 = off.
     pub coalesce_us: u64,
+    /// Writer spin in microseconds: after a commit, the writer thread polls its queue for up to
+    /// this long before sleeping, while changes come that close together (`writer.rs`,
+    /// "Waiting"). 0 = off.
+    pub writer_spin_us: u64,
     /// The driver's own bounds: unauthenticated sockets and partial messages
     /// (`server/driver_limits.rs`).
     pub driver_limits: DriverLimits,
@@ -242,7 +246,8 @@ impl<S: Store> Driver<S> {
         opts: ServeOptions,
     ) -> io::Result<Driver<S>> {
         let poll = Poll::new()?;
-        let writer = durability::start_writer(poll.registry(), store_writes)?;
+        let spin = Duration::from_micros(opts.writer_spin_us);
+        let writer = durability::start_writer(poll.registry(), store_writes, spin)?;
         let mut listener = TcpListener::bind(opts.listen)?;
         let local_addr = listener.local_addr()?;
         poll.registry()

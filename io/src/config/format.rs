@@ -138,11 +138,13 @@ pub(super) struct RawTuning {
     pub(super) busy_poll_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) coalesce_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) writer_spin_us: Option<u64>,
 }
 
 impl RawTuning {
     fn is_empty(&self) -> bool {
-        self.busy_poll_us.is_none() && self.coalesce_us.is_none()
+        self.busy_poll_us.is_none() && self.coalesce_us.is_none() && self.writer_spin_us.is_none()
     }
 }
 
@@ -268,6 +270,7 @@ impl RawConfig {
             tuning: RawTuning {
                 busy_poll_us: c.tuning.busy_poll_us,
                 coalesce_us: c.tuning.coalesce_us,
+                writer_spin_us: c.tuning.writer_spin_us,
             },
             principals: c
                 .principals

@@ -257,6 +257,37 @@ fn busy_poll_defaults_to_50_us_is_bounded_and_round_trips() {
 }
 
 #[test]
+fn writer_spin_defaults_to_200_us_is_bounded_and_round_trips() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    assert_eq!(
+        HostFileConfig::default().writer_spin(),
+        WRITER_SPIN_US_DEFAULT
+    );
+    fs::write(
+        dir.path().join(CONFIG_FILE),
+        "[tuning]\nwriter_spin_us = 0\n",
+    )
+    .expect("write");
+    let c = load(dir.path()).expect("load");
+    assert_eq!(c.writer_spin(), 0, "0 turns it off");
+    save(dir.path(), &c).expect("save");
+    assert_eq!(
+        load(dir.path()).expect("reload").tuning.writer_spin_us,
+        Some(0)
+    );
+    fs::write(
+        dir.path().join(CONFIG_FILE),
+        "[tuning]\nwriter_spin_us = 1001\n",
+    )
+    .expect("write");
+    let e = load(dir.path()).expect_err("over the bound").to_string();
+    assert!(e.contains("writer_spin_us = 1001"), "{e}");
+    // Only under [tuning]: it never was a top-level key.
+    fs::write(dir.path().join(CONFIG_FILE), "writer_spin_us = 10\n").expect("write");
+    assert!(load(dir.path()).is_err());
+}
+
+#[test]
 fn coalesce_defaults_to_20_us_is_bounded_and_round_trips() {
     let dir = tempfile::tempdir().expect("tempdir");
     assert_eq!(HostFileConfig::default().coalesce(), COALESCE_US_DEFAULT);

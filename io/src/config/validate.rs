@@ -10,7 +10,7 @@ use axhost_core::{session_id_from_scope_entry, valid_id, Role, SessionScope};
 use super::format::RawConfig;
 use super::{
     valid_repository, HostFileConfig, PrincipalEntry, Tuning, BUSY_POLL_US_MAX, COALESCE_US_MAX,
-    REPOSITORY_LEN_MAX,
+    REPOSITORY_LEN_MAX, WRITER_SPIN_US_MAX,
 };
 use crate::credentials::digest_from_hex;
 
@@ -53,6 +53,11 @@ impl RawConfig {
         if let Some(us) = tuning.coalesce_us.filter(|&us| us > COALESCE_US_MAX) {
             return Err(format!(
                 "coalesce_us = {us} is over {COALESCE_US_MAX}; use 0 to turn it off"
+            ));
+        }
+        if let Some(us) = tuning.writer_spin_us.filter(|&us| us > WRITER_SPIN_US_MAX) {
+            return Err(format!(
+                "writer_spin_us = {us} is over {WRITER_SPIN_US_MAX} (1 ms); use 0 to turn it off"
             ));
         }
         let limits = self.limits.to_limits();
@@ -182,6 +187,7 @@ impl RawConfig {
         Ok(Tuning {
             busy_poll_us: self.tuning.busy_poll_us.or(self.busy_poll_us),
             coalesce_us: self.tuning.coalesce_us.or(self.coalesce_us),
+            writer_spin_us: self.tuning.writer_spin_us,
         })
     }
 }

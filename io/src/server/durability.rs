@@ -17,9 +17,10 @@ use crate::writer::{BatchStore, Outcome, Writer, WriterLimits};
 pub(super) fn start_writer<W: BatchStore<Change = Box<Change>>>(
     registry: &Registry,
     store_writes: W,
+    spin: Duration,
 ) -> io::Result<Writer<Box<Change>>> {
     let waker = Waker::new(registry, WRITER)?;
-    Writer::start(store_writes, WriterLimits::default(), move || {
+    Writer::start(store_writes, WriterLimits::default(), spin, move || {
         // A failed wake means the poller is gone, and with it the loop.
         let _ = waker.wake();
     })

@@ -110,7 +110,7 @@ fn gated(limits: WriterLimits) -> Harness {
         conn,
         gate: Some((entered_tx, permits_rx)),
     };
-    let writer = Writer::start(store, limits, || {}).expect("start");
+    let writer = Writer::start(store, limits, Duration::ZERO, || {}).expect("start");
     Harness {
         dir,
         writer,
@@ -386,6 +386,7 @@ fn a_burst_groups_without_help() {
     let mut writer = Writer::start(
         TableStore { conn, gate: None },
         WriterLimits::default(),
+        Duration::ZERO,
         || {},
     )
     .expect("start");
@@ -459,6 +460,7 @@ fn the_notify_callback_fires_for_outcomes_and_when_the_thread_ends() {
     let mut writer = Writer::start(
         TableStore { conn, gate: None },
         WriterLimits::default(),
+        Duration::ZERO,
         move || {
             counted.fetch_add(1, Ordering::SeqCst);
         },
@@ -528,7 +530,8 @@ mod with_a_host {
         let (reader, store): (SqliteReader, SqliteWriter) =
             SqliteStore::open(path, "default").expect("open").split();
         let host = Host::new(HostConfig::default(), reader, 7).expect("host");
-        let writer = Writer::start(store, WriterLimits::default(), || {}).expect("start");
+        let writer =
+            Writer::start(store, WriterLimits::default(), Duration::ZERO, || {}).expect("start");
         (host, writer)
     }
 
@@ -601,4 +604,51 @@ mod with_a_host {
             "{durable} changes were durable"
         );
     }
+}
+
+#[test]
+fn the_writer_spins_only_while_changes_come_within_the_budget() {
+    let (tx, rx) = crossbeam_channel::unbounded::<u64>();
+    let mut waiting = SpinWait::new(Duration::from_millis(50));
+    assert!(!waiting.spins(), "not before a first wait");
+    tx.send(1).expect("send");
+    assert_eq!(waiting.next(&rx), Some(1));
+    assert!(waiting.spins(), "the change was already there");
+    // A change that comes while the writer polls is taken by the poll.
+    let sender = tx.clone();
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(2));
+        sender.send(2).expect("send");
+    });
+    assert_eq!(waiting.next(&rx), Some(2));
+    late.join().expect("sender");
+    assert!(waiting.spins());
+    // One that comes after the budget: the next wait sleeps at once.
+    let sender = tx.clone();
+    let later = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(120));
+        sender.send(3).expect("send");
+    });
+    assert_eq!(waiting.next(&rx), Some(3));
+    later.join().expect("sender");
+    assert!(
+        !waiting.spins(),
+        "the previous change came after the budget"
+    );
+    // A closed queue ends the wait, polling or not.
+    drop(tx);
+    assert_eq!(waiting.next(&rx), None);
+}
+
+#[test]
+fn a_zero_budget_never_spins() {
+    let (tx, rx) = crossbeam_channel::unbounded::<u64>();
+    let mut waiting = SpinWait::new(Duration::ZERO);
+    for n in 0..3 {
+        tx.send(n).expect("send");
+        assert_eq!(waiting.next(&rx), Some(n));
+        assert!(!waiting.spins());
+    }
+    drop(tx);
+    assert_eq!(waiting.next(&rx), None);
 }
