@@ -11,12 +11,20 @@
 //! must also be *read* as JavaScript reads them, correctly rounded: the core builds
 //! `serde_json` with `float_roundtrip` for that.
 
+use std::io::Write;
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 /// The canonical text of `v`.
 pub fn canonical(v: &Value) -> String {
-    let mut out = String::new();
+    // Only UTF-8 is ever written: the strings of `v` and ASCII around them.
+    String::from_utf8_lossy(&canonical_bytes(v)).into_owned()
+}
+
+/// The canonical text of `v`, as UTF-8 bytes.
+fn canonical_bytes(v: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
     write(v, &mut out);
     out
 }
@@ -28,7 +36,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// SHA-256 hex of the canonical text of `v` (the reference's `hashObject`).
 pub fn hash_object(v: &Value) -> String {
-    sha256_hex(canonical(v).as_bytes())
+    sha256_hex(&canonical_bytes(v))
 }
 
 /// Lowercase hex of `bytes`.
@@ -42,54 +50,58 @@ pub fn hex(bytes: &[u8]) -> String {
     s
 }
 
-fn write(v: &Value, out: &mut String) {
+// Writing into a `Vec` cannot fail, so the `io::Result`s below are dropped.
+fn write(v: &Value, out: &mut Vec<u8>) {
     match v {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         Value::Number(n) => write_number(n, out),
-        // serde_json escapes exactly what JSON.stringify does: `"`, `\`, the five short forms
-        // and other controls as `\u00xx` (lowercase); everything else goes through as is.
-        Value::String(s) => out.push_str(&Value::from(s.as_str()).to_string()),
+        Value::String(s) => write_str(s, out),
         Value::Array(a) => {
-            out.push('[');
+            out.push(b'[');
             for (i, x) in a.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 write(x, out);
             }
-            out.push(']');
+            out.push(b']');
         }
         Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
+            let mut entries: Vec<(&String, &Value)> = m.iter().collect();
+            entries.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            out.push(b'{');
+            for (i, (k, x)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::from(k.as_str()).to_string());
-                out.push(':');
-                if let Some(x) = m.get(k.as_str()) {
-                    write(x, out);
-                }
+                write_str(k, out);
+                out.push(b':');
+                write(x, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
     }
+}
+
+/// A JSON string, straight into `out`. serde_json escapes exactly what JSON.stringify does:
+/// `"`, `\`, the five short forms and other controls as `\u00xx` (lowercase); everything
+/// else goes through as is.
+fn write_str(s: &str, out: &mut Vec<u8>) {
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 /// Integers JavaScript holds exactly: below 2^53 in magnitude.
 const SAFE: u64 = 1 << 53;
 
-fn write_number(n: &serde_json::Number, out: &mut String) {
+fn write_number(n: &serde_json::Number, out: &mut Vec<u8>) {
     if let Some(u) = n.as_u64().filter(|u| *u < SAFE) {
-        out.push_str(&u.to_string());
+        let _ = write!(out, "{u}");
     } else if let Some(i) = n.as_i64().filter(|i| i.unsigned_abs() < SAFE) {
-        out.push_str(&i.to_string());
+        let _ = write!(out, "{i}");
     } else {
         // A JavaScript reader holds every other number as a double.
-        out.push_str(&js_number(n.as_f64().unwrap_or(0.0)));
+        out.extend_from_slice(js_number(n.as_f64().unwrap_or(0.0)).as_bytes());
     }
 }
 

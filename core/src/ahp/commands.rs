@@ -138,7 +138,7 @@ impl Sessions {
             touched: vec![Touched::Session(session.clone())],
             ..Txn::default()
         });
-        self.put(entry, 0);
+        self.put(Box::new(entry), 0);
         let added = SessionAddedParams {
             channel: ROOT.into(),
             summary,

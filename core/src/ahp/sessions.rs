@@ -20,7 +20,9 @@ use crate::net::output::Frame;
 pub(crate) type SummaryBefore = (String, u32, String);
 
 pub(crate) struct Sessions {
-    entries: BTreeMap<String, SessionEntry>,
+    /// Boxed: an entry is ~3.6 KB, and a change takes its session out and puts it back, which
+    /// moved it through the map's nodes (and the change's `Vec`) on every dispatch.
+    entries: BTreeMap<String, Box<SessionEntry>>,
     /// The sum of every session's `chat_bytes`, held against `chat_bytes_total_max`.
     chat_bytes_total: u64,
     root_state: Value,
@@ -40,7 +42,7 @@ impl Sessions {
             if let Some(id) = SessionEntry::id_of_meta_key(&r.key) {
                 match SessionEntry::restore(id, &repository, &mut k.view())? {
                     Some(entry) => {
-                        entries.insert(id.to_owned(), entry);
+                        entries.insert(id.to_owned(), Box::new(entry));
                     }
                     None => return Err(RestoreError::Corrupt(r.key.clone())),
                 }
@@ -60,7 +62,7 @@ impl Sessions {
     pub(crate) fn latest_timestamp_ms(&self) -> u64 {
         self.entries
             .values()
-            .map(SessionEntry::latest_timestamp_ms)
+            .map(|e| e.latest_timestamp_ms())
             .max()
             .unwrap_or(0)
     }
@@ -70,7 +72,7 @@ impl Sessions {
     }
 
     pub(crate) fn get(&self, id: &str) -> Option<&SessionEntry> {
-        self.entries.get(id)
+        self.entries.get(id).map(|e| &**e)
     }
 
     pub(crate) fn contains(&self, id: &str) -> bool {
@@ -78,7 +80,7 @@ impl Sessions {
     }
 
     pub(crate) fn values(&self) -> impl Iterator<Item = &SessionEntry> {
-        self.entries.values()
+        self.entries.values().map(|e| &**e)
     }
 
     pub(crate) fn chat_bytes_total(&self) -> u64 {
@@ -91,13 +93,13 @@ impl Sessions {
     }
 
     /// Takes a session out of the table to build a change on it (see `ahp::tx`).
-    pub(crate) fn take(&mut self, id: &str) -> Option<SessionEntry> {
+    pub(crate) fn take(&mut self, id: &str) -> Option<Box<SessionEntry>> {
         self.entries.remove(id)
     }
 
     /// Puts a session (back) into the table; `chat_bytes_before` is what the table counted for
     /// it when it was taken (0 for a new one).
-    pub(crate) fn put(&mut self, entry: SessionEntry, chat_bytes_before: u64) {
+    pub(crate) fn put(&mut self, entry: Box<SessionEntry>, chat_bytes_before: u64) {
         self.chat_bytes_total = self.chat_bytes_total - chat_bytes_before + entry.chat_bytes;
         self.entries.insert(entry.id.clone(), entry);
     }
@@ -110,7 +112,7 @@ impl Sessions {
         let old = self.entries.remove(id).map_or(0, |e| e.chat_bytes);
         self.chat_bytes_total -= old;
         match SessionEntry::restore(id, &self.repository, &mut k.view()) {
-            Ok(Some(entry)) => self.put(entry, 0),
+            Ok(Some(entry)) => self.put(Box::new(entry), 0),
             Ok(None) => {}
             Err(e) => panic!("session {id} cannot be rebuilt: {e:?}"),
         }
@@ -267,7 +269,7 @@ mod tests {
             root_state: session::root_state(),
             repository: "r".into(),
         };
-        sessions.put(entry, 0);
+        sessions.put(Box::new(entry), 0);
         sessions
     }
 

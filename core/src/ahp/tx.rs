@@ -27,7 +27,7 @@ use crate::log::write_path::{self, Txn};
 use crate::net::jsonrpc;
 
 pub(crate) struct Tx {
-    pub(crate) entry: SessionEntry,
+    pub(crate) entry: Box<SessionEntry>,
     pub(crate) touched: Touched,
     /// Envelopes in `serverSeq` order, numbered from `base_seq + 1`.
     events: Vec<Event>,
@@ -41,7 +41,7 @@ pub(crate) struct Tx {
 
 impl Tx {
     /// Starts a change on `entry`, whose events follow `base_seq`.
-    pub(crate) fn new(entry: SessionEntry, base_seq: u64) -> Tx {
+    pub(crate) fn new(entry: Box<SessionEntry>, base_seq: u64) -> Tx {
         let summary_before = (
             entry.session.title.clone(),
             entry.summary_status(),
