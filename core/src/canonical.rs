@@ -39,6 +39,26 @@ pub fn hash_object(v: &Value) -> String {
     sha256_hex(&canonical_bytes(v))
 }
 
+/// SHA-256 hex of the canonical text of the object whose members are `members` (distinct
+/// keys): `hash_object` of that object, without building it (and so without copying the values
+/// into it).
+pub fn hash_members(members: &[(&str, &Value)]) -> String {
+    let mut sorted: Vec<&(&str, &Value)> = members.iter().collect();
+    sorted.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+    let mut out = Vec::with_capacity(256);
+    out.push(b'{');
+    for (i, (k, v)) in sorted.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(k, &mut out);
+        out.push(b':');
+        write(v, &mut out);
+    }
+    out.push(b'}');
+    sha256_hex(&out)
+}
+
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -148,6 +168,31 @@ pub fn js_number(x: f64) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn hashing_members_is_hashing_their_object() {
+        let params = json!({"z": [1, 2.5, {"\u{1f600}": null}], "\u{ff61}": "é\n", "a": true});
+        for members in [
+            vec![
+                ("method", json!("dispatchAction")),
+                ("params", params.clone()),
+            ],
+            vec![("params", params.clone()), ("method", json!("m"))],
+            vec![
+                ("\u{ff61}", json!(1)),
+                ("\u{1f600}", json!(2)),
+                ("b", json!({})),
+            ],
+            vec![],
+        ] {
+            let object: serde_json::Map<String, Value> = members
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect();
+            let refs: Vec<(&str, &Value)> = members.iter().map(|(k, v)| (*k, v)).collect();
+            assert_eq!(hash_members(&refs), hash_object(&Value::Object(object)));
+        }
+    }
 
     #[test]
     fn keys_sort_at_every_depth() {

@@ -13,13 +13,13 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::canonical::hash_object;
+use crate::canonical::hash_members;
 
 /// SHA-256 hex of the canonical form of `{method, params}`.
 pub(crate) fn fingerprint(method: &str, params: &Value) -> String {
-    hash_object(&json!({ "method": method, "params": params }))
+    hash_members(&[("method", &Value::from(method)), ("params", params)])
 }
 
 /// Durable receipts the cache keeps beside those in flight (a few hundred bytes each).
@@ -129,6 +129,7 @@ impl RecentReceipts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn fingerprints_ignore_key_order() {
