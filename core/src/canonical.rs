@@ -18,8 +18,10 @@ use sha2::{Digest, Sha256};
 
 /// The canonical text of `v`.
 pub fn canonical(v: &Value) -> String {
-    // Only UTF-8 is ever written: the strings of `v` and ASCII around them.
-    String::from_utf8_lossy(&canonical_bytes(v)).into_owned()
+    // Only UTF-8 is ever written (the strings of `v` and ASCII around them), so the lossy
+    // branch never runs; the valid one takes the bytes without copying them.
+    String::from_utf8(canonical_bytes(v))
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// The canonical text of `v`, as UTF-8 bytes.
@@ -43,19 +45,8 @@ pub fn hash_object(v: &Value) -> String {
 /// keys): `hash_object` of that object, without building it (and so without copying the values
 /// into it).
 pub fn hash_members(members: &[(&str, &Value)]) -> String {
-    let mut sorted: Vec<&(&str, &Value)> = members.iter().collect();
-    sorted.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
     let mut out = Vec::with_capacity(256);
-    out.push(b'{');
-    for (i, (k, v)) in sorted.into_iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        write_str(k, &mut out);
-        out.push(b':');
-        write(v, &mut out);
-    }
-    out.push(b'}');
+    write_object(members.to_vec(), &mut out);
     sha256_hex(&out)
 }
 
@@ -87,21 +78,23 @@ fn write(v: &Value, out: &mut Vec<u8>) {
             }
             out.push(b']');
         }
-        Value::Object(m) => {
-            let mut entries: Vec<(&String, &Value)> = m.iter().collect();
-            entries.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
-            out.push(b'{');
-            for (i, (k, x)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_str(k, out);
-                out.push(b':');
-                write(x, out);
-            }
-            out.push(b'}');
-        }
+        Value::Object(m) => write_object(m.iter().map(|(k, x)| (k.as_str(), x)).collect(), out),
     }
+}
+
+/// An object of `members` (distinct keys), keys sorted by UTF-16 code units.
+fn write_object(mut members: Vec<(&str, &Value)>, out: &mut Vec<u8>) {
+    members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+    out.push(b'{');
+    for (i, (k, x)) in members.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_str(k, out);
+        out.push(b':');
+        write(x, out);
+    }
+    out.push(b'}');
 }
 
 /// A JSON string, straight into `out`. serde_json escapes exactly what JSON.stringify does:
