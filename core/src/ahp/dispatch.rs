@@ -202,9 +202,12 @@ impl Sessions {
         // A clientSeq above every one this binding has a receipt for (`last_client_seq` is
         // raised in the same change as each receipt, and dispatched bindings are never
         // released) cannot be a retry, so the common case costs no store read on the loop.
-        let unused_seq = clients.get(&origin.client_id).is_some_and(|c| {
-            c.owner == owner && (!c.dispatched || p.client_seq > c.last_client_seq)
-        });
+        // (Read once: nothing below changes the binding before the commit rewrites it.)
+        let binding = clients
+            .get(&origin.client_id)
+            .map(|c| (c.owner == owner, c.dispatched, c.last_client_seq));
+        let unused_seq = binding
+            .is_some_and(|(mine, dispatched, last)| mine && (!dispatched || p.client_seq > last));
         if !unused_seq {
             if let Some(known) = k.receipt(owner, &key)? {
                 if known.fingerprint == fingerprint {
@@ -226,9 +229,7 @@ impl Sessions {
             self.abort_tx(k, tx);
             return Err(e);
         }
-        let last = clients
-            .get(&origin.client_id)
-            .map_or(0, |c| c.last_client_seq);
+        let last = binding.map_or(0, |(_, _, last)| last);
         let client = ClientRecord {
             client_id: origin.client_id.clone(),
             owner: owner.to_owned(),
