@@ -213,28 +213,27 @@ pub(super) fn open_database(path: &Path, repository: &str) -> Result<Connection,
                 });
             }
         }
-        1 => {
-            tx.execute_batch(MIGRATE_1_TO_2)
-                .map_err(fail("migrating the schema from version 1"))?;
-            migrate_2_to_3(&tx, path)?;
-            tx.execute_batch(MIGRATE_3_TO_4)
-                .map_err(fail("migrating the schema from version 3"))?;
-        }
-        2 => {
-            migrate_2_to_3(&tx, path)?;
-            tx.execute_batch(MIGRATE_3_TO_4)
-                .map_err(fail("migrating the schema from version 3"))?;
-        }
-        3 => tx
-            .execute_batch(MIGRATE_3_TO_4)
-            .map_err(fail("migrating the schema from version 3"))?,
-        SCHEMA_VERSION => {}
+        // Older ones are migrated below.
+        1..=SCHEMA_VERSION => {}
         _ => {
             return Err(OpenError::Corrupt {
                 path: path.to_owned(),
                 problem: format!("schema version {version}"),
             })
         }
+    }
+    // Each step runs for every older file, in order, so a file of any version climbs the
+    // whole ladder in this one transaction.
+    if version == 1 {
+        tx.execute_batch(MIGRATE_1_TO_2)
+            .map_err(fail("migrating the schema from version 1"))?;
+    }
+    if (1..=2).contains(&version) {
+        migrate_2_to_3(&tx, path)?;
+    }
+    if (1..=3).contains(&version) {
+        tx.execute_batch(MIGRATE_3_TO_4)
+            .map_err(fail("migrating the schema from version 3"))?;
     }
     tx.execute_batch(SCHEMA_SQL)
         .map_err(fail("creating the schema"))?;

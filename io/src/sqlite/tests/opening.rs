@@ -279,6 +279,21 @@ fn a_newer_schema_is_refused() {
 }
 
 #[test]
+fn a_negative_schema_version_is_corrupt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("x.db");
+    Connection::open(&path)
+        .expect("raw open")
+        .pragma_update(None, "user_version", -1)
+        .expect("set version");
+    let err = SqliteStore::open(&path, REPO).expect_err("negative version");
+    assert!(
+        matches!(&err, OpenError::Corrupt { problem, .. } if problem == "schema version -1"),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn tables_without_a_schema_version_are_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
