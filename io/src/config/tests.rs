@@ -235,77 +235,73 @@ fn scopes_display_as_uris() {
     );
 }
 
-#[test]
-fn busy_poll_defaults_to_50_us_is_bounded_and_round_trips() {
+/// A `[tuning]` key in µs: `default` when absent, 0 turns it off and round-trips through
+/// `save`, `max` is accepted and one more is refused with a message naming the line.
+fn check_tuning_key(
+    key: &str,
+    effective: fn(&HostFileConfig) -> u64,
+    stored: fn(&Tuning) -> Option<u64>,
+    default: u64,
+    max: u64,
+) {
     let dir = tempfile::tempdir().expect("tempdir");
-    assert_eq!(HostFileConfig::default().busy_poll(), BUSY_POLL_US_DEFAULT);
-    fs::write(dir.path().join(CONFIG_FILE), "[tuning]\nbusy_poll_us = 0\n").expect("write");
+    let file = dir.path().join(CONFIG_FILE);
+    assert_eq!(effective(&HostFileConfig::default()), default, "{key}");
+    fs::write(&file, format!("[tuning]\n{key} = 0\n")).expect("write");
     let c = load(dir.path()).expect("load");
-    assert_eq!(c.busy_poll(), 0, "0 turns it off");
+    assert_eq!(effective(&c), 0, "{key}: 0 turns it off");
     save(dir.path(), &c).expect("save");
     assert_eq!(
-        load(dir.path()).expect("reload").tuning.busy_poll_us,
-        Some(0)
+        stored(&load(dir.path()).expect("reload").tuning),
+        Some(0),
+        "{key}"
     );
-    fs::write(
-        dir.path().join(CONFIG_FILE),
-        "[tuning]\nbusy_poll_us = 1001\n",
-    )
-    .expect("write");
+    fs::write(&file, format!("[tuning]\n{key} = {max}\n")).expect("write");
+    assert_eq!(
+        effective(&load(dir.path()).expect("at the bound")),
+        max,
+        "{key}"
+    );
+    fs::write(&file, format!("[tuning]\n{key} = {}\n", max + 1)).expect("write");
     let e = load(dir.path()).expect_err("over the bound").to_string();
-    assert!(e.contains("busy_poll_us = 1001"), "{e}");
+    assert!(e.contains(&format!("{key} = {}", max + 1)), "{e}");
+}
+
+#[test]
+fn busy_poll_defaults_to_50_us_is_bounded_and_round_trips() {
+    check_tuning_key(
+        "busy_poll_us",
+        HostFileConfig::busy_poll,
+        |t| t.busy_poll_us,
+        BUSY_POLL_US_DEFAULT,
+        BUSY_POLL_US_MAX,
+    );
 }
 
 #[test]
 fn writer_spin_defaults_to_200_us_is_bounded_and_round_trips() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    assert_eq!(
-        HostFileConfig::default().writer_spin(),
-        WRITER_SPIN_US_DEFAULT
+    check_tuning_key(
+        "writer_spin_us",
+        HostFileConfig::writer_spin,
+        |t| t.writer_spin_us,
+        WRITER_SPIN_US_DEFAULT,
+        WRITER_SPIN_US_MAX,
     );
-    fs::write(
-        dir.path().join(CONFIG_FILE),
-        "[tuning]\nwriter_spin_us = 0\n",
-    )
-    .expect("write");
-    let c = load(dir.path()).expect("load");
-    assert_eq!(c.writer_spin(), 0, "0 turns it off");
-    save(dir.path(), &c).expect("save");
-    assert_eq!(
-        load(dir.path()).expect("reload").tuning.writer_spin_us,
-        Some(0)
-    );
-    fs::write(
-        dir.path().join(CONFIG_FILE),
-        "[tuning]\nwriter_spin_us = 1001\n",
-    )
-    .expect("write");
-    let e = load(dir.path()).expect_err("over the bound").to_string();
-    assert!(e.contains("writer_spin_us = 1001"), "{e}");
     // Only under [tuning]: it never was a top-level key.
+    let dir = tempfile::tempdir().expect("tempdir");
     fs::write(dir.path().join(CONFIG_FILE), "writer_spin_us = 10\n").expect("write");
     assert!(load(dir.path()).is_err());
 }
 
 #[test]
 fn coalesce_defaults_to_20_us_is_bounded_and_round_trips() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    assert_eq!(HostFileConfig::default().coalesce(), COALESCE_US_DEFAULT);
-    fs::write(dir.path().join(CONFIG_FILE), "[tuning]\ncoalesce_us = 0\n").expect("write");
-    let c = load(dir.path()).expect("load");
-    assert_eq!(c.coalesce(), 0, "0 turns it off");
-    save(dir.path(), &c).expect("save");
-    assert_eq!(
-        load(dir.path()).expect("reload").tuning.coalesce_us,
-        Some(0)
+    check_tuning_key(
+        "coalesce_us",
+        HostFileConfig::coalesce,
+        |t| t.coalesce_us,
+        COALESCE_US_DEFAULT,
+        COALESCE_US_MAX,
     );
-    fs::write(
-        dir.path().join(CONFIG_FILE),
-        "[tuning]\ncoalesce_us = 201\n",
-    )
-    .expect("write");
-    let e = load(dir.path()).expect_err("over the bound").to_string();
-    assert!(e.contains("coalesce_us = 201"), "{e}");
 }
 
 #[test]
