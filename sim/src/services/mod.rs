@@ -211,6 +211,18 @@ struct Effects {
     others: usize,
 }
 
+impl Effects {
+    /// Whether the call sent any answer, completion, cancel, close or other frame (forwards to
+    /// an owner aside).
+    fn answers_or_closes(&self) -> bool {
+        self.direct.is_some()
+            || !self.completions.is_empty()
+            || !self.cancels.is_empty()
+            || !self.closed.is_empty()
+            || self.others > 0
+    }
+}
+
 impl ServiceModel {
     /// An empty model for a host with `config`.
     pub fn new(config: &HostConfig) -> ServiceModel {

@@ -64,13 +64,7 @@ impl ServiceModel {
     ) -> Result<(), String> {
         let notified = fx.notified.take();
         // Nothing at all but the one forward: no answer, no error, nothing to the sender.
-        if fx.direct.is_some()
-            || fx.forwarded.is_some()
-            || !fx.cancels.is_empty()
-            || !fx.completions.is_empty()
-            || !fx.closed.is_empty()
-            || fx.others > 0
-        {
+        if fx.forwarded.is_some() || fx.answers_or_closes() {
             return Err(format!(
                 "a notification from {conn:?} made the host send more than one forward: answer {:?}, {} cancels, {} completions, closes {:?}, {} other frames",
                 fx.direct,

@@ -235,12 +235,7 @@ impl ServiceModel {
         if self.peers.get(&conn).is_none_or(|p| p.closing) {
             return Ok(());
         }
-        if fx.direct.is_some()
-            || !fx.completions.is_empty()
-            || !fx.cancels.is_empty()
-            || !fx.closed.is_empty()
-            || fx.others > 0
-        {
+        if fx.answers_or_closes() {
             return Err(format!(
                 "an answer to {id} from {conn:?}, which was not sent that request, made the host send something"
             ));
@@ -279,12 +274,7 @@ impl ServiceModel {
             self.count("cancels sent");
             return Ok(());
         }
-        if fx.direct.is_some()
-            || !fx.completions.is_empty()
-            || !fx.cancels.is_empty()
-            || !fx.closed.is_empty()
-            || fx.others > 0
-        {
+        if fx.answers_or_closes() {
             return Err(format!(
                 "a $/cancelRequest from {conn:?} naming nothing pending ({named:?}) made the host send something"
             ));
