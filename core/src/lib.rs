@@ -85,7 +85,7 @@ mod net;
 mod principal;
 mod services;
 
-pub use ahp::clients::ClientRecord;
+pub use ahp::clients::{stored_bindings, ClientRecord};
 pub use ahp::session::{AXP_CAPABILITY, AXP_VERSION};
 pub use channel::{valid_id, valid_session_id, ChannelRef, CATALOG, ROOT};
 pub use error::RpcError;

@@ -44,8 +44,8 @@ use arbitrary::{Arbitrary, Unstructured};
 
 use axhost_core::drive::{Commits, Drive};
 use axhost_core::{
-    ClientRecord, ConnId, Host, HostConfig, Input, Instant, Limits, MemStore, Now, Output,
-    Principal, Role, SessionScope, Table, CATALOG, ROOT,
+    stored_bindings, ConnId, Host, HostConfig, Input, Instant, Limits, MemStore, Now, Output,
+    Principal, Role, SessionScope, CATALOG, ROOT,
 };
 use serde_json::{json, Value};
 
@@ -1347,12 +1347,7 @@ impl World {
     /// more idle ones than its quota. Called with nothing in flight.
     fn check_bindings(&self) {
         let held: Vec<_> = self.host.client_bindings().cloned().map(Some).collect();
-        let stored: Vec<_> = self
-            .host
-            .store()
-            .records_of(Table::Client)
-            .map(|(_, value)| ClientRecord::parse(value))
-            .collect();
+        let stored = stored_bindings(self.host.store());
         assert_eq!(held, stored, "bindings in memory differ from the store");
         for i in 0..PRINCIPALS {
             let id = principal(i).id;

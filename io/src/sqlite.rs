@@ -23,7 +23,7 @@
 //! fails at once with [`OpenError::Locked`]; the operating system drops it when the process dies,
 //! so a crash never leaves a stale lock behind (unlike a pid file).
 //!
-//! ## Schema (version 4, in `PRAGMA user_version`)
+//! ## Schema (version 5, in `PRAGMA user_version`)
 //! - `meta(key, value)`: `server_seq` as decimal text; `repository`, the repository name the
 //!   database belongs to.
 //! - `records(tbl, key, value)`: the core's typed records, keyed by the table's stable name
@@ -37,7 +37,11 @@
 //!   chat and one to its session channel, and under that key they sit on two index leaves;
 //!   under the stream they share one, so a group commit of N sessions' dispatches writes N
 //!   leaves instead of 2N (+17% durable changes/s at 64 writers, `docs/performance.md`).
-//! - `receipts(owner, key, fingerprint, result)`: retry receipts, keyed per principal.
+//! - `receipts(owner, key, fingerprint, result)`: retry receipts, keyed per principal. A
+//!   dispatch's key ends in its `clientSeq` zero-padded to 20 digits, so a clientId binding's
+//!   newest receipt, which carries its `lastClientSeq`, is one seek down the `(owner, key)`
+//!   index (`Store::last_receipt_key`); the binding's record is then written only once, at its
+//!   first dispatch, not with every dispatch (one leaf fewer per change).
 //!
 //! Older files are migrated in the schema transaction (`sqlite/schema.rs`). A database with a
 //! newer schema version is refused rather than guessed at.
@@ -280,6 +284,14 @@ impl Store for SqliteStore {
 
     fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError> {
         self.reader.receipt(owner, key)
+    }
+
+    fn last_receipt_key(
+        &mut self,
+        owner: &str,
+        prefix: &str,
+    ) -> Result<Option<String>, StoreError> {
+        self.reader.last_receipt_key(owner, prefix)
     }
 
     fn read_record(&mut self, table: Table, key: &str) -> Result<Option<Bytes>, StoreError> {

@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use axhost_core::{
-    ClientRecord, ConnId, Host, HostConfig, Input, MemStore, Output, Principal, Table,
+    stored_bindings, ClientRecord, ConnId, Host, HostConfig, Input, MemStore, Output, Principal,
 };
 use serde_json::Value;
 use sha2::{Digest as _, Sha256};
@@ -521,19 +521,16 @@ impl Checker {
     }
 }
 
-/// The clientId bindings `store` holds, in clientId order.
-pub fn stored_bindings(store: &MemStore) -> Vec<ClientRecord> {
-    store
-        .records_of(Table::Client)
-        .filter_map(|(_, v)| ClientRecord::parse(v))
-        .collect()
-}
-
 /// Invariant 8, during a run.
 fn bindings(host: &Host<SimStore>) -> Result<(), String> {
     if host.changes_in_flight() == 0 {
         let stored = stored_bindings(host.store().mem());
-        if !host.client_bindings().eq(stored.iter()) {
+        if !host
+            .client_bindings()
+            .cloned()
+            .map(Some)
+            .eq(stored.iter().cloned())
+        {
             return Err(format!(
                 "clientId bindings differ from the store: host {:?}, store {stored:?}",
                 host.client_bindings().collect::<Vec<_>>(),

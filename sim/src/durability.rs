@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use axhost_core::{ConnId, Host, HostConfig, Input, MemStore, Principal, Table};
+use axhost_core::{ClientRecord, ConnId, Host, HostConfig, Input, MemStore, Principal, Table};
 use serde_json::Value;
 
 use crate::client::session_of;
@@ -106,7 +106,7 @@ impl DurabilityOracle {
                     .and_then(Value::as_u64)
                     .map(|seq| Expect::Receipt {
                         owner,
-                        key: format!("dispatch:{client_id}:{seq}"),
+                        key: ClientRecord::dispatch_receipt_key(&client_id, seq),
                     })
             }
             // An AXP mutation: its retry receipt, keyed by principal and operationId.

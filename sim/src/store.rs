@@ -121,8 +121,17 @@ impl Store for SimStore {
         self.mem.receipt(owner, key)
     }
 
-    // Record and event reads rebuild state the host must have: a failure there is a crash by
-    // design (the host panics rather than serve state it cannot trust), so they never fail.
+    // Record, event and last-receipt reads rebuild state the host must have: a failure there
+    // is a crash by design (the host panics rather than serve state it cannot trust), so they
+    // never fail.
+    fn last_receipt_key(
+        &mut self,
+        owner: &str,
+        prefix: &str,
+    ) -> Result<Option<String>, StoreError> {
+        self.mem.last_receipt_key(owner, prefix)
+    }
+
     fn read_record(&mut self, table: Table, key: &str) -> Result<Option<Bytes>, StoreError> {
         self.mem.read_record(table, key)
     }

@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use crate::channel;
 use crate::error::RpcError;
 use crate::kernel::Kernel;
-use crate::log::change::{Record, Table};
-use crate::log::store::Store;
+use crate::log::change::{Record, StoreError, Table};
+use crate::log::store::{MemStore, Store};
 use crate::log::write_path::{Touched, Txn};
 use crate::principal::Principal;
 
@@ -34,7 +34,10 @@ pub struct ClientRecord {
     pub client_id: String,
     /// Principal id that owns it.
     pub owner: String,
-    /// Highest `clientSeq` with a stored dispatch receipt (0 when none).
+    /// Highest `clientSeq` with a stored dispatch receipt (0 when none). The stored record
+    /// holds it as of the binding's first dispatch; later dispatches write only their receipts
+    /// (one B-tree page fewer per change), and loading raises it to the newest of those
+    /// ([`ClientRecord::raised_to_receipt`]).
     pub last_client_seq: u64,
     /// Whether this clientId ever dispatched an action (it may have used `clientSeq` 0, so
     /// `last_client_seq` cannot tell). A binding that never did holds no durable state and may
@@ -54,6 +57,74 @@ impl ClientRecord {
     pub fn parse(value: &[u8]) -> Option<ClientRecord> {
         serde_json::from_slice(value).ok()
     }
+
+    /// The receipt key of `client_id`'s dispatch numbered `client_seq`:
+    /// `dispatch:<clientId>:<clientSeq>`, the number zero-padded to 20 digits so that a
+    /// client's receipts sort by number and its newest is one index seek away.
+    pub fn dispatch_receipt_key(client_id: &str, client_seq: u64) -> String {
+        format!("dispatch:{client_id}:{client_seq:020}")
+    }
+
+    /// What every dispatch receipt key of this binding starts with. Nothing else does: a
+    /// clientId has no `:`, so no other binding's keys start with it, and the other receipts
+    /// are keyed by AXP `operationId`s, which are ids too.
+    pub fn dispatch_receipt_prefix(&self) -> String {
+        format!("dispatch:{}:", self.client_id)
+    }
+
+    /// This binding with `last_client_seq` raised to the number in `last_key`, the greatest
+    /// dispatch receipt key the store holds for it (`Store::last_receipt_key` under
+    /// [`Self::dispatch_receipt_prefix`]). `None` when that key is not one of this binding's.
+    pub fn raised_to_receipt(mut self, last_key: Option<&str>) -> Option<ClientRecord> {
+        if let Some(key) = last_key {
+            let seq = key
+                .strip_prefix(self.dispatch_receipt_prefix().as_str())
+                .filter(|digits| digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|digits| digits.parse::<u64>().ok())?;
+            self.last_client_seq = self.last_client_seq.max(seq);
+        }
+        Some(self)
+    }
+
+    /// This binding as the store (and the changes in flight) have it: its record, with
+    /// `last_client_seq` raised to its newest dispatch receipt.
+    pub(crate) fn read<S: Store>(
+        k: &mut Kernel<S>,
+        record: ClientRecord,
+    ) -> Result<ClientRecord, ReadError> {
+        if !record.dispatched {
+            return Ok(record);
+        }
+        let last = k
+            .last_receipt_key(&record.owner, &record.dispatch_receipt_prefix())
+            .map_err(ReadError::Store)?;
+        record
+            .raised_to_receipt(last.as_deref())
+            .ok_or(ReadError::Corrupt)
+    }
+}
+
+/// The clientId bindings `store` holds, in clientId order, each as a host loading the store
+/// reads it (`lastClientSeq` raised to its newest dispatch receipt); `None` for one that is
+/// unreadable. What checkers compare a host's bindings with.
+pub fn stored_bindings(store: &MemStore) -> Vec<Option<ClientRecord>> {
+    store
+        .records_of(Table::Client)
+        .map(|(_, value)| {
+            ClientRecord::parse(value).and_then(|c| {
+                let last = store.greatest_receipt_key(&c.owner, &c.dispatch_receipt_prefix());
+                c.raised_to_receipt(last)
+            })
+        })
+        .collect()
+}
+
+/// Why a binding could not be read back.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    Store(StoreError),
+    /// The binding's newest receipt key is not one of its dispatch keys.
+    Corrupt,
 }
 
 struct Binding {
@@ -145,9 +216,11 @@ impl ClientBindings {
     /// Puts binding `client_id` back as the store and the changes in flight have it (after a
     /// failed change). A store that cannot be read leaves no trustworthy state: a crash.
     pub(crate) fn rebuild<S: Store>(&mut self, k: &mut Kernel<S>, client_id: &str) {
-        match k.view().record(Table::Client, client_id) {
-            Ok(Some(v)) => match ClientRecord::parse(&v) {
-                Some(record) => self.insert(record),
+        let stored = k.view().record(Table::Client, client_id);
+        match stored {
+            Ok(Some(v)) => match ClientRecord::parse(&v).map(|r| ClientRecord::read(k, r)) {
+                Some(Ok(record)) => self.insert(record),
+                Some(Err(e)) => panic!("clientId binding {client_id:?} cannot be read: {e:?}"),
                 None => panic!("clientId binding {client_id:?} is unreadable in the store"),
             },
             Ok(None) => self.forget(client_id),
@@ -328,5 +401,32 @@ mod tests {
         }
         assert_eq!(b.idle_count("p"), 1);
         assert_eq!(b.records().count(), 1);
+    }
+
+    #[test]
+    fn dispatch_receipt_keys_sort_by_number_and_raise_only_their_own_binding() {
+        let key = ClientRecord::dispatch_receipt_key;
+        assert_eq!(key("c1", 12), "dispatch:c1:00000000000000000012");
+        assert!(key("c1", 9) < key("c1", 12));
+        assert!(key("c1", u64::MAX).starts_with(&record("c1", "p", true).dispatch_receipt_prefix()));
+        let raised = |last: Option<&str>| {
+            let mut r = record("c1", "p", true);
+            r.last_client_seq = 5;
+            r.raised_to_receipt(last).map(|r| r.last_client_seq)
+        };
+        assert_eq!(raised(None), Some(5));
+        assert_eq!(raised(Some(&key("c1", 12))), Some(12));
+        // A receipt below the record's number leaves it (the record is never newer than its
+        // receipts, but a raise must never lower).
+        assert_eq!(raised(Some(&key("c1", 3))), Some(5));
+        // Not this binding's, or not a padded number: unreadable.
+        for bad in [
+            key("c2", 12),
+            "dispatch:c1:12".to_owned(),
+            "dispatch:c1:0000000000000000001x".to_owned(),
+            "dispatch:c1:+0000000000000000012".to_owned(),
+        ] {
+            assert_eq!(raised(Some(&bad)), None, "{bad}");
+        }
     }
 }

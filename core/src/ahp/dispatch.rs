@@ -191,7 +191,7 @@ impl Sessions {
             "clientSeq": p.client_seq,
             "action": serde_json::from_str::<Value>(p.action.get()).unwrap_or(Value::Null),
         });
-        let key = format!("dispatch:{}:{}", origin.client_id, p.client_seq);
+        let key = ClientRecord::dispatch_receipt_key(&origin.client_id, p.client_seq);
         let fingerprint = fingerprint("dispatchAction", &params_value);
         // The same action under the same (clientId, clientSeq): a retry, already applied.
         // A different action under a used clientSeq is a restarted counter, not a retry: the
@@ -242,9 +242,16 @@ impl Sessions {
             fingerprint,
             result: "null".into(),
         };
+        // The binding's record is written once, at its first dispatch; after that the
+        // receipt alone raises `lastClientSeq` (see `ClientRecord::last_client_seq`).
+        let first_dispatch = !binding.is_some_and(|(_, dispatched, _)| dispatched);
         let extra = Txn {
             receipts: vec![receipt],
-            records: vec![client.to_record()],
+            records: if first_dispatch {
+                vec![client.to_record()]
+            } else {
+                Vec::new()
+            },
             touched: vec![Touched::Client(client.client_id.clone())],
             ..Txn::default()
         };

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::ahp::clients::{ClientBindings, ClientRecord};
+use crate::ahp::clients::{ClientBindings, ClientRecord, ReadError as ClientReadError};
 use crate::ahp::session::RestoreError;
 use crate::ahp::sessions::Sessions;
 use crate::axp::executors::TIMER_RETRY_MS;
@@ -138,6 +138,11 @@ impl<S: Store> Host<S> {
         for r in loaded.records.iter().filter(|r| r.table == Table::Client) {
             let record = ClientRecord::parse(&r.value)
                 .ok_or_else(|| HostError::CorruptRecord(r.key.clone()))?;
+            // One index seek per binding that dispatched: its newest receipt.
+            let record = ClientRecord::read(&mut k, record).map_err(|e| match e {
+                ClientReadError::Store(e) => HostError::Store(e),
+                ClientReadError::Corrupt => HostError::CorruptRecord(r.key.clone()),
+            })?;
             clients.push(record);
         }
         let mut axp = Axp::load(&loaded.records, seed).map_err(HostError::CorruptRecord)?;

@@ -20,7 +20,7 @@ use crate::error::RpcError;
 use crate::kernel::input_hold::{HeldMessage, InputHold};
 use crate::kernel::time::{Instant, Now, Timer, Timers};
 use crate::limits::Limits;
-use crate::log::change::{Event, Loaded, Receipt};
+use crate::log::change::{Event, Loaded, Receipt, StoreError};
 use crate::log::receipts::{Known, RecentReceipts};
 use crate::log::sequencer::Sequencer;
 use crate::log::store::Store;
@@ -716,6 +716,21 @@ impl<S: Store> Kernel<S> {
                 Err(RpcError::commit_failed())
             }
         }
+    }
+
+    /// The greatest receipt key under `owner` starting with `prefix`: the cache's (which holds
+    /// every receipt in flight) or the store's, whichever is greater.
+    pub(crate) fn last_receipt_key(
+        &mut self,
+        owner: &str,
+        prefix: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let stored = self.store.last_receipt_key(owner, prefix)?;
+        Ok(match (self.receipts.last_key(owner, prefix), stored) {
+            (Some(cached), Some(stored)) if cached <= stored.as_str() => Some(stored),
+            (Some(cached), _) => Some(cached.to_owned()),
+            (None, stored) => stored,
+        })
     }
 
     /// Makes sure the next catalog event has a reserved number, issuing the next block once

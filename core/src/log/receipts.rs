@@ -16,6 +16,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::canonical::hash_members;
+use crate::log::store::prefix_upper_bound;
 
 /// SHA-256 hex of the canonical form of `{method, params}`.
 pub(crate) fn fingerprint(method: &str, params: &Value) -> String {
@@ -52,6 +53,16 @@ pub(crate) struct RecentReceipts {
 impl RecentReceipts {
     pub(crate) fn get(&self, owner: &str, key: &str) -> Option<&Known> {
         self.entries.get(&(owner.to_owned(), key.to_owned()))
+    }
+
+    /// The greatest key under `owner` starting with `prefix` that the cache holds (see
+    /// `Store::last_receipt_key` for what `prefix` may be).
+    pub(crate) fn last_key(&self, owner: &str, prefix: &str) -> Option<&str> {
+        let upper = prefix_upper_bound(prefix)?;
+        self.entries
+            .range((owner.to_owned(), prefix.to_owned())..(owner.to_owned(), upper))
+            .next_back()
+            .map(|((_, key), _)| key.as_str())
     }
 
     /// Records a receipt written by change `change` (in flight).

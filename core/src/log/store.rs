@@ -25,6 +25,11 @@ pub trait Store {
     fn load(&mut self, events_tail_max: u32) -> Result<Loaded, StoreError>;
     /// The receipt stored under `(owner, key)`, if any.
     fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError>;
+    /// The greatest receipt key under `owner` that starts with `prefix` (byte order), if any.
+    /// `prefix` ends with an ASCII character other than DEL, so the keys it starts are exactly
+    /// those from `prefix` up to (not including) `prefix` with that character incremented.
+    fn last_receipt_key(&mut self, owner: &str, prefix: &str)
+        -> Result<Option<String>, StoreError>;
     /// The record stored under `(table, key)`, if any.
     fn read_record(&mut self, table: Table, key: &str) -> Result<Option<Bytes>, StoreError>;
     /// Every event on `channel` numbered above `after`, oldest first.
@@ -116,6 +121,16 @@ impl MemStore {
             .map(|((_, k), v)| (k.as_str(), &**v))
     }
 
+    /// The greatest receipt key under `owner` starting with `prefix` (see
+    /// [`Store::last_receipt_key`]), without counting a read.
+    pub fn greatest_receipt_key(&self, owner: &str, prefix: &str) -> Option<&str> {
+        let upper = prefix_upper_bound(prefix)?;
+        self.receipts
+            .range((owner.to_owned(), prefix.to_owned())..(owner.to_owned(), upper))
+            .next_back()
+            .map(|((_, key), _)| key.as_str())
+    }
+
     /// The committed event numbered `seq`, if any.
     pub fn event(&self, seq: u64) -> Option<&Event> {
         let i = self.events.partition_point(|e| e.seq < seq);
@@ -147,6 +162,19 @@ impl MemStore {
     }
 }
 
+/// The first key above every key that starts with `prefix`: `prefix` with its last character
+/// incremented. `None` unless that character is ASCII below DEL (the contract of
+/// [`Store::last_receipt_key`]).
+pub fn prefix_upper_bound(prefix: &str) -> Option<String> {
+    let last = *prefix.as_bytes().last()?;
+    if last >= 0x7f {
+        return None;
+    }
+    let mut upper = prefix[..prefix.len() - 1].to_owned();
+    upper.push(char::from(last + 1));
+    Some(upper)
+}
+
 impl Store for MemStore {
     fn load(&mut self, events_tail_max: u32) -> Result<Loaded, StoreError> {
         // A new host numbers its changes from 1 again.
@@ -174,6 +202,15 @@ impl Store for MemStore {
             .receipts
             .get(&(owner.to_owned(), key.to_owned()))
             .cloned())
+    }
+
+    fn last_receipt_key(
+        &mut self,
+        owner: &str,
+        prefix: &str,
+    ) -> Result<Option<String>, StoreError> {
+        self.read()?;
+        Ok(self.greatest_receipt_key(owner, prefix).map(str::to_owned))
     }
 
     fn read_record(&mut self, table: Table, key: &str) -> Result<Option<Bytes>, StoreError> {

@@ -290,3 +290,63 @@ fn a_crash_keeps_exactly_what_was_durable() {
         "never below what a client saw"
     );
 }
+
+/// The clientId binding `id` as the store holds its record.
+fn stored_binding(h: &Harness, id: &str) -> ClientRecord {
+    let text = h
+        .host
+        .store()
+        .record_text(Table::Client, id)
+        .expect("stored");
+    ClientRecord::parse(text.as_bytes()).expect("a binding")
+}
+
+fn last_client_seq(init: &Value) -> &Value {
+    &init["_meta"]["org.axp.exchange"]["lastClientSeq"]
+}
+
+#[test]
+fn a_binding_is_rewritten_only_at_its_first_dispatch_and_its_receipts_carry_the_rest() {
+    let mut h = slow_disk();
+    let commits = |h: &Harness| h.host.store().commits();
+    h.dispatch(1, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    h.dispatch(1, "ahp-chat:/s1", 2, cancel("t1"));
+    h.dispatch(1, "ahp-chat:/s1", 7, turn("t3", "hi"));
+    h.complete(3);
+    // The record as the first dispatch wrote it; the later ones wrote only receipts.
+    let stored = stored_binding(&h, "c1");
+    assert!(stored.dispatched);
+    assert_eq!(stored.last_client_seq, 1);
+    assert_eq!(
+        last_client_seq(&h.init(6, Principal::maintainer("m"), "c1", &[])),
+        7
+    );
+    // A failed dispatch: the binding is rebuilt from the record and the newest durable receipt.
+    let before = commits(&h);
+    h.dispatch(1, "ahp-chat:/s1", 9, cancel("t3"));
+    h.fail_first();
+    assert_eq!(commits(&h), before);
+    let held = h.held();
+    h.complete(held);
+    assert_eq!(
+        last_client_seq(&h.init(7, Principal::maintainer("m"), "c1", &[])),
+        7
+    );
+    // A restarted counter (1 again) leaves the highest number standing, in memory and after a
+    // restart, which reads it back from the receipts.
+    h.dispatch(1, "ahp-chat:/s1", 1, cancel("t3"));
+    h.complete(1);
+    assert_eq!(
+        last_client_seq(&h.init(8, Principal::maintainer("m"), "c1", &[])),
+        7
+    );
+    let mut h = Harness::with(HostConfig::default(), h.host.into_store());
+    assert_eq!(
+        last_client_seq(&h.init(1, Principal::maintainer("m"), "c1", &[])),
+        7
+    );
+    assert_eq!(stored_binding(&h, "c1").last_client_seq, 1);
+    // A binding that never dispatched has no receipts to read.
+    let r = h.init(2, Principal::maintainer("m2"), "c2", &[]);
+    assert_eq!(last_client_seq(&r), 0);
+}

@@ -9,6 +9,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use axhost_core::log::store::prefix_upper_bound;
 use axhost_core::{Bytes, Event, Loaded, Receipt, Store, StoreError, StoredRecord, Table};
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension};
@@ -168,6 +169,27 @@ impl Store for SqliteReader {
             records,
             events_tail,
         })
+    }
+
+    fn last_receipt_key(
+        &mut self,
+        owner: &str,
+        prefix: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let Some(upper) = prefix_upper_bound(prefix) else {
+            return Ok(None);
+        };
+        // One seek down the (owner, key) index from the end of the prefix's range.
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT key FROM receipts WHERE owner = ?1 AND key >= ?2 AND key < ?3 \
+                 ORDER BY key DESC LIMIT 1",
+            )
+            .map_err(sql("preparing the last receipt query"))?;
+        stmt.query_row(params![owner, prefix, upper], |row| row.get::<_, String>(0))
+            .optional()
+            .map_err(sql("reading the last receipt key"))
     }
 
     fn receipt(&mut self, owner: &str, key: &str) -> Result<Option<Receipt>, StoreError> {

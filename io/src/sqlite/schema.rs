@@ -13,7 +13,10 @@
 //!   dispatched)` apart: records rows become `state` records, clients rows `client` records
 //!   holding the binding as the core writes it (`ClientRecord::to_record`);
 //! - version 3 indexed events by `(channel, seq)`: that index makes way for `events_stream`
-//!   (see the `sqlite` module docs), built in the same transaction.
+//!   (see the `sqlite` module docs), built in the same transaction;
+//! - version 4 wrote dispatch receipt keys as `dispatch:<id>:<seq>` with the number as is: they
+//!   get the number zero-padded to 20 digits (`ClientRecord::dispatch_receipt_key`), so a
+//!   binding's newest receipt is one index seek away.
 
 use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
@@ -42,7 +45,7 @@ const WAL_AUTOCHECKPOINT_PAGES: i64 = 4096;
 const JOURNAL_SIZE_LIMIT: i64 = 32 << 20;
 
 /// The schema this build writes and reads.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 const SCHEMA_SQL: &str = concat!(
     r#"
@@ -67,6 +70,17 @@ UPDATE clients SET dispatched = 1 WHERE last_client_seq > 0 OR EXISTS (
 
 /// Version 3 to 4: the `(channel, seq)` index goes; `SCHEMA_SQL` then builds `events_stream`.
 const MIGRATE_3_TO_4: &str = "DROP INDEX IF EXISTS events_channel;";
+
+/// Version 4 to 5: dispatch receipt keys get their number zero-padded to 20 digits. A clientId
+/// has no `:`, so the first `:` after the 9 bytes of `dispatch:` ends it. (`substr` compares
+/// case-sensitively where `LIKE` would not.)
+const MIGRATE_4_TO_5: &str = "
+UPDATE receipts SET key = 'dispatch:'
+    || substr(key, 10, instr(substr(key, 10), ':') - 1) || ':'
+    || printf('%020d', CAST(substr(key, 10 + instr(substr(key, 10), ':')) AS INTEGER))
+WHERE substr(key, 1, 9) = 'dispatch:' AND instr(substr(key, 10), ':') > 1
+    AND length(key) - 9 - instr(substr(key, 10), ':') < 20;
+";
 
 /// Version 2 to 3, first step: the old records table makes way for the typed one (its rows are
 /// copied over next, as `state` records, their text kept byte for byte).
@@ -234,6 +248,10 @@ pub(super) fn open_database(path: &Path, repository: &str) -> Result<Connection,
     if (1..=3).contains(&version) {
         tx.execute_batch(MIGRATE_3_TO_4)
             .map_err(fail("migrating the schema from version 3"))?;
+    }
+    if (1..=4).contains(&version) {
+        tx.execute_batch(MIGRATE_4_TO_5)
+            .map_err(fail("migrating the schema from version 4"))?;
     }
     tx.execute_batch(SCHEMA_SQL)
         .map_err(fail("creating the schema"))?;

@@ -237,6 +237,53 @@ fn channel_events_after_uses_the_stream_index_and_matches_the_reference_store() 
 }
 
 #[test]
+fn last_receipt_key_seeks_the_owner_index_and_matches_the_reference_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = open(&dir);
+    let mut mem = MemStore::new();
+    let key = ClientRecord::dispatch_receipt_key;
+    // Neighbours on both sides of each prefix: a longer clientId it prefixes, another owner,
+    // an AXP operationId, and numbers whose unpadded text would sort the other way.
+    let mut c = change(1, 0);
+    c.receipts = [
+        ("alice", key("c1", 9)),
+        ("alice", key("c1", 12)),
+        ("alice", key("c10", 99)),
+        ("alice", key("c0", 100)),
+        ("bob", key("c1", 500)),
+        ("alice", "dispatch:c1;".to_owned()),
+        ("alice", "op-1".to_owned()),
+    ]
+    .iter()
+    .map(|(owner, k)| receipt(owner, k, "null"))
+    .collect();
+    store.commit(&c).expect("commit");
+    mem.commit(&c).expect("commit");
+    for (owner, prefix, expected) in [
+        ("alice", "dispatch:c1:", Some(key("c1", 12))),
+        ("alice", "dispatch:c10:", Some(key("c10", 99))),
+        ("alice", "dispatch:c2:", None),
+        ("bob", "dispatch:c1:", Some(key("c1", 500))),
+        ("carol", "dispatch:c1:", None),
+        ("alice", "op-", Some("op-1".to_owned())),
+    ] {
+        let found = store.last_receipt_key(owner, prefix).expect("sqlite");
+        assert_eq!(found, expected, "{owner} {prefix}");
+        assert_eq!(mem.last_receipt_key(owner, prefix).expect("mem"), expected);
+    }
+    let plan = plan(
+        &store,
+        "SELECT key FROM receipts WHERE owner = 'alice' AND key >= 'dispatch:c1:' \
+         AND key < 'dispatch:c1;' ORDER BY key DESC LIMIT 1",
+    );
+    assert!(
+        plan.contains("USING COVERING INDEX sqlite_autoindex_receipts_1"),
+        "{plan}"
+    );
+    assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+}
+
+#[test]
 fn events_may_sit_below_a_reserved_mark_but_never_below_each_other() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");

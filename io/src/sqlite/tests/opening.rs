@@ -53,7 +53,10 @@ fn pragmas_and_schema_version_are_set() {
     assert_eq!(pragma(conn, "synchronous"), "Integer(2)");
     assert_eq!(pragma(conn, "foreign_keys"), "Integer(1)");
     assert_eq!(pragma(conn, "busy_timeout"), "Integer(100)");
-    assert_eq!(pragma(conn, "user_version"), "Integer(4)");
+    assert_eq!(
+        pragma(conn, "user_version"),
+        format!("Integer({SCHEMA_VERSION})")
+    );
     assert_eq!(pragma(conn, "wal_autocheckpoint"), "Integer(4096)");
     assert_eq!(pragma(conn, "journal_size_limit"), "Integer(33554432)");
     assert_eq!(pragma(conn, "query_only"), "Integer(0)");
@@ -119,11 +122,14 @@ fn a_version_2_file_moves_its_records_and_clients_into_typed_records() {
     );
     assert_eq!(loaded.events_tail, vec![event(7, "ahp-chat:/s1")]);
     assert!(store
-        .receipt("alice", "dispatch:c1:3")
+        .receipt("alice", &ClientRecord::dispatch_receipt_key("c1", 3))
         .expect("receipt")
         .is_some());
     let conn = store.writer.conn();
-    assert_eq!(pragma(conn, "user_version"), "Integer(4)");
+    assert_eq!(
+        pragma(conn, "user_version"),
+        format!("Integer({SCHEMA_VERSION})")
+    );
     let old_tables: i64 = conn
         .query_row(
             "SELECT COUNT(*) FROM sqlite_master WHERE name IN ('clients', 'records_v2')",
@@ -141,7 +147,7 @@ fn a_version_2_file_moves_its_records_and_clients_into_typed_records() {
     };
     assert_eq!(types, vec!["blob".to_owned()]);
     drop(store);
-    // A migrated file opens as a version 4 one, and takes new changes after its history.
+    // A migrated file opens as a current one, and takes new changes after its history.
     let mut store = SqliteStore::open(&path, REPO).expect("reopen");
     assert_eq!(store.load(10).expect("load"), loaded);
     let mut next = change(1, 8);
@@ -210,7 +216,10 @@ fn a_version_1_file_gains_dispatched_from_its_receipts_and_migrates_on() {
         dispatched,
         expected.map(|(id, d)| (id.to_owned(), d)).to_vec()
     );
-    assert_eq!(pragma(store.writer.conn(), "user_version"), "Integer(4)");
+    assert_eq!(
+        pragma(store.writer.conn(), "user_version"),
+        format!("Integer({SCHEMA_VERSION})")
+    );
 }
 
 /// The names of the indexes on `events`.
@@ -245,7 +254,10 @@ fn a_version_3_file_trades_its_channel_index_for_the_stream_index() {
     }
     let mut store = SqliteStore::open(&path, REPO).expect("migrating open");
     let conn = store.writer.conn();
-    assert_eq!(pragma(conn, "user_version"), "Integer(4)");
+    assert_eq!(
+        pragma(conn, "user_version"),
+        format!("Integer({SCHEMA_VERSION})")
+    );
     assert_eq!(event_indexes(conn), vec!["events_stream".to_owned()]);
     let seqs = |store: &mut SqliteStore, channel: &str| -> Vec<u64> {
         let events = store.channel_events_after(channel, 0).expect("events");
@@ -255,6 +267,61 @@ fn a_version_3_file_trades_its_channel_index_for_the_stream_index() {
     assert_eq!(seqs(&mut store, "ahp-session:/s1"), vec![2]);
     assert_eq!(seqs(&mut store, "ahp-root://"), vec![3]);
     assert_eq!(store.load(10).expect("load").server_seq, 4);
+}
+
+#[test]
+fn a_version_4_file_pads_its_dispatch_receipt_numbers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("x.db");
+    {
+        // The version 4 schema, as the previous release wrote it.
+        let conn = Connection::open(&path).expect("raw open");
+        conn.execute_batch(
+            "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
+             CREATE TABLE records(tbl TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY(tbl, key));
+             CREATE TABLE events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
+             CREATE TABLE receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
+             INSERT INTO meta VALUES ('server_seq', '0'), ('repository', 'default');
+             -- As text, 12 sorts before 9; an AXP operationId and a look-alike stay as they are.
+             INSERT INTO receipts VALUES ('alice', 'dispatch:c1:9', 'f9', 'null'),
+                                         ('alice', 'dispatch:c1:12', 'f12', 'null'),
+                                         ('alice', 'dispatch:c.2-x:0', 'f0', 'null'),
+                                         ('alice', 'op-7', 'fo', '{\"ok\":true}'),
+                                         ('alice', 'Dispatch:c1:5', 'fd', 'null');
+             PRAGMA user_version = 4;",
+        )
+        .expect("version 4 schema");
+    }
+    let mut store = SqliteStore::open(&path, REPO).expect("migrating open");
+    assert_eq!(
+        pragma(store.writer.conn(), "user_version"),
+        format!("Integer({SCHEMA_VERSION})")
+    );
+    let key = ClientRecord::dispatch_receipt_key;
+    for (k, fingerprint) in [
+        (key("c1", 9), "f9"),
+        (key("c1", 12), "f12"),
+        (key("c.2-x", 0), "f0"),
+        ("op-7".to_owned(), "fo"),
+        ("Dispatch:c1:5".to_owned(), "fd"),
+    ] {
+        let found = store.receipt("alice", &k).expect("read");
+        assert_eq!(
+            found.map(|r| r.fingerprint),
+            Some(fingerprint.to_owned()),
+            "{k}"
+        );
+    }
+    assert_eq!(
+        store
+            .last_receipt_key("alice", "dispatch:c1:")
+            .expect("read"),
+        Some(key("c1", 12))
+    );
+    assert_eq!(
+        store.last_receipt_key("bob", "dispatch:c1:").expect("read"),
+        None
+    );
 }
 
 #[test]
