@@ -57,8 +57,8 @@ fn pragmas_and_schema_version_are_set() {
         pragma(conn, "user_version"),
         format!("Integer({SCHEMA_VERSION})")
     );
-    assert_eq!(pragma(conn, "wal_autocheckpoint"), "Integer(4096)");
-    assert_eq!(pragma(conn, "journal_size_limit"), "Integer(33554432)");
+    assert_eq!(pragma(conn, "wal_autocheckpoint"), "Integer(16384)");
+    assert_eq!(pragma(conn, "journal_size_limit"), "Integer(134217728)");
     assert_eq!(pragma(conn, "query_only"), "Integer(0)");
     assert_eq!(pragma(store.reader.conn(), "query_only"), "Integer(1)");
     assert_eq!(pragma(store.reader.conn(), "busy_timeout"), "Integer(100)");
