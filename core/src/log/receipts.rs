@@ -10,6 +10,7 @@
 //! its original closely is answered without a store read. A failed change's receipts are
 //! forgotten; the store, which then holds the durable prefix, answers for their keys.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
@@ -42,8 +43,9 @@ pub(crate) struct RecentReceipts {
     entries: BTreeMap<(String, String), Known>,
     /// Insertion order, oldest first: `(key, change)`; an entry rewritten later appears again.
     order: VecDeque<((String, String), u64)>,
-    /// The entries of changes not yet known durable, in change order.
-    pending: VecDeque<((String, String), u64)>,
+    /// Each change not yet known durable, in change order, with how many entries it holds
+    /// (counts, not keys: becoming durable then costs no key search).
+    pending: VecDeque<(u64, usize)>,
     /// Entries whose change is durable: the ones eviction may take.
     durable: usize,
     /// The newest durable change number the cache was told of.
@@ -83,10 +85,28 @@ impl RecentReceipts {
         if let Some(old) = self.entries.insert(id.clone(), known) {
             if old.change <= self.durable_through {
                 self.durable -= 1;
+            } else if let Some(n) = self.pending_count(old.change) {
+                *n -= 1;
             }
         }
-        self.order.push_back((id.clone(), change));
-        self.pending.push_back((id, change));
+        self.order.push_back((id, change));
+        if let Some(n) = self.pending_count(change) {
+            *n += 1;
+        } else {
+            // Changes are issued in number order, so this is the newest; a position search
+            // keeps the order even if a caller ever broke that.
+            let at = self.pending.partition_point(|(c, _)| *c < change);
+            self.pending.insert(at, (change, 1));
+        }
+    }
+
+    /// How many entries pending change `change` holds, if it is pending.
+    fn pending_count(&mut self, change: u64) -> Option<&mut usize> {
+        let at = self.pending.partition_point(|(c, _)| *c < change);
+        match self.pending.get_mut(at) {
+            Some((c, n)) if *c == change => Some(n),
+            _ => None,
+        }
     }
 
     /// Changes up to `through` are durable: their receipts may be evicted, oldest first, down
@@ -96,11 +116,9 @@ impl RecentReceipts {
             return;
         }
         self.durable_through = through;
-        while self.pending.front().is_some_and(|(_, c)| *c <= through) {
-            if let Some((id, change)) = self.pending.pop_front() {
-                if self.entries.get(&id).is_some_and(|k| k.change == change) {
-                    self.durable += 1;
-                }
+        while self.pending.front().is_some_and(|(c, _)| *c <= through) {
+            if let Some((_, n)) = self.pending.pop_front() {
+                self.durable += n;
             }
         }
         self.evict();
@@ -112,14 +130,17 @@ impl RecentReceipts {
                 break;
             };
             // Order entries of a key rewritten since, or of a change still in flight, are
-            // stale or not evictable; the latter go back to the end of the line.
-            match self.entries.get(&id) {
-                Some(k) if k.change == change && change <= self.durable_through => {
-                    self.entries.remove(&id);
-                    self.durable -= 1;
+            // stale or not evictable; the latter go back to the end of the line. One search.
+            if let Entry::Occupied(e) = self.entries.entry(id) {
+                if e.get().change == change {
+                    if change <= self.durable_through {
+                        e.remove();
+                        self.durable -= 1;
+                    } else {
+                        let id = e.key().clone();
+                        self.order.push_back((id, change));
+                    }
                 }
-                Some(k) if k.change == change => self.order.push_back((id, change)),
-                _ => {}
             }
         }
     }
@@ -128,7 +149,7 @@ impl RecentReceipts {
     pub(crate) fn forget_from(&mut self, first: u64) {
         self.entries.retain(|_, k| k.change < first);
         self.order.retain(|(_, change)| *change < first);
-        self.pending.retain(|(_, change)| *change < first);
+        self.pending.retain(|(change, _)| *change < first);
     }
 
     #[cfg(test)]
@@ -174,6 +195,25 @@ mod tests {
         r.forget_from(total + 2);
         assert!(r.get("o", "late").is_some());
         assert!(r.get("o", "later").is_none());
+    }
+
+    #[test]
+    fn rewrites_in_flight_and_durable_are_counted_once() {
+        let mut r = RecentReceipts::default();
+        // Change 1 writes two keys, change 2 rewrites one of them while both are in flight,
+        // change 3 rewrites it again after 1 is durable.
+        r.insert("o", "a", "f".into(), "null".into(), 1);
+        r.insert("o", "b", "f".into(), "null".into(), 1);
+        r.insert("o", "a", "f2".into(), "null".into(), 2);
+        r.durable(1);
+        assert_eq!(r.durable, 1, "only b is durable: a was rewritten by 2");
+        r.durable(2);
+        assert_eq!(r.durable, 2);
+        r.insert("o", "b", "f3".into(), "null".into(), 3);
+        assert_eq!(r.durable, 1, "b's durable receipt was replaced");
+        r.durable(3);
+        assert_eq!((r.durable, r.len()), (2, 2));
+        assert!(r.pending.is_empty());
     }
 
     #[test]
