@@ -81,6 +81,11 @@ fn blob(value: ValueRef<'_>) -> rusqlite::Result<Bytes> {
     }
 }
 
+/// The greatest receipt key in `[?2, ?3)` under owner `?1`: one seek down the `(owner, key)`
+/// index from the end of the range.
+pub(super) const LAST_RECEIPT_KEY_SQL: &str = "SELECT key FROM receipts WHERE owner = ?1 \
+     AND key >= ?2 AND key < ?3 ORDER BY key DESC LIMIT 1";
+
 impl Store for SqliteReader {
     fn load(&mut self, events_tail_max: u32) -> Result<Loaded, StoreError> {
         // One read transaction, so the parts are from the same instant.
@@ -179,13 +184,9 @@ impl Store for SqliteReader {
         let Some(upper) = prefix_upper_bound(prefix) else {
             return Ok(None);
         };
-        // One seek down the (owner, key) index from the end of the prefix's range.
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT key FROM receipts WHERE owner = ?1 AND key >= ?2 AND key < ?3 \
-                 ORDER BY key DESC LIMIT 1",
-            )
+            .prepare_cached(LAST_RECEIPT_KEY_SQL)
             .map_err(sql("preparing the last receipt query"))?;
         stmt.query_row(params![owner, prefix, upper], |row| row.get::<_, String>(0))
             .optional()

@@ -73,15 +73,16 @@ UPDATE clients SET dispatched = 1 WHERE last_client_seq > 0 OR EXISTS (
 /// Version 3 to 4: the `(channel, seq)` index goes; `SCHEMA_SQL` then builds `events_stream`.
 const MIGRATE_3_TO_4: &str = "DROP INDEX IF EXISTS events_channel;";
 
-/// Version 4 to 5: dispatch receipt keys get their number zero-padded to 20 digits. A clientId
-/// has no `:`, so the first `:` after the 9 bytes of `dispatch:` ends it. (`substr` compares
-/// case-sensitively where `LIKE` would not.)
+/// Version 4 to 5: dispatch receipt keys get their number zero-padded to 20 digits, as text
+/// (no integer conversion to clamp a large number). A clientId has no `:`, so the first `:`
+/// after the 9 bytes of `dispatch:` ends it; only a number of 1 to 19 decimal digits is padded.
+/// (`substr` compares case-sensitively where `LIKE` would not.)
 const MIGRATE_4_TO_5: &str = "
-UPDATE receipts SET key = 'dispatch:'
-    || substr(key, 10, instr(substr(key, 10), ':') - 1) || ':'
-    || printf('%020d', CAST(substr(key, 10 + instr(substr(key, 10), ':')) AS INTEGER))
+UPDATE receipts SET key = substr(key, 1, 9 + instr(substr(key, 10), ':'))
+    || substr('00000000000000000000' || substr(key, 10 + instr(substr(key, 10), ':')), -20)
 WHERE substr(key, 1, 9) = 'dispatch:' AND instr(substr(key, 10), ':') > 1
-    AND length(key) - 9 - instr(substr(key, 10), ':') < 20;
+    AND length(key) - 9 - instr(substr(key, 10), ':') BETWEEN 1 AND 19
+    AND substr(key, 10 + instr(substr(key, 10), ':')) NOT GLOB '*[^0-9]*';
 ";
 
 /// Version 2 to 3, first step: the old records table makes way for the typed one (its rows are

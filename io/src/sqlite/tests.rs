@@ -271,11 +271,12 @@ fn last_receipt_key_seeks_the_owner_index_and_matches_the_reference_store() {
         assert_eq!(found, expected, "{owner} {prefix}");
         assert_eq!(mem.last_receipt_key(owner, prefix).expect("mem"), expected);
     }
-    let plan = plan(
-        &store,
-        "SELECT key FROM receipts WHERE owner = 'alice' AND key >= 'dispatch:c1:' \
-         AND key < 'dispatch:c1;' ORDER BY key DESC LIMIT 1",
-    );
+    // The statement the reader runs, its parameters spelled out.
+    let sql = super::reads::LAST_RECEIPT_KEY_SQL
+        .replace("?1", "'alice'")
+        .replace("?2", "'dispatch:c1:'")
+        .replace("?3", "'dispatch:c1;'");
+    let plan = plan(&store, &sql);
     assert!(
         plan.contains("USING COVERING INDEX sqlite_autoindex_receipts_1"),
         "{plan}"

@@ -274,7 +274,8 @@ fn a_version_4_file_pads_its_dispatch_receipt_numbers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
     {
-        // The version 4 schema, as the previous release wrote it.
+        // The version 4 schema, as the previous release wrote it (without its index: the
+        // schema step builds it).
         let conn = Connection::open(&path).expect("raw open");
         conn.execute_batch(
             "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
@@ -287,7 +288,10 @@ fn a_version_4_file_pads_its_dispatch_receipt_numbers() {
                                          ('alice', 'dispatch:c1:12', 'f12', 'null'),
                                          ('alice', 'dispatch:c.2-x:0', 'f0', 'null'),
                                          ('alice', 'op-7', 'fo', '{\"ok\":true}'),
-                                         ('alice', 'Dispatch:c1:5', 'fd', 'null');
+                                         ('alice', 'Dispatch:c1:5', 'fd', 'null'),
+                                         ('alice', 'dispatch:c3:9223372036854775808', 'fb', 'null'),
+                                         ('alice', 'dispatch:c3:9223372036854775809', 'fc', 'null'),
+                                         ('alice', 'dispatch:c4:x1', 'fx', 'null');
              PRAGMA user_version = 4;",
         )
         .expect("version 4 schema");
@@ -304,6 +308,11 @@ fn a_version_4_file_pads_its_dispatch_receipt_numbers() {
         (key("c.2-x", 0), "f0"),
         ("op-7".to_owned(), "fo"),
         ("Dispatch:c1:5".to_owned(), "fd"),
+        // Above i64::MAX (no build wrote one): padded as text, not clamped into one key.
+        (key("c3", 9_223_372_036_854_775_808), "fb"),
+        (key("c3", 9_223_372_036_854_775_809), "fc"),
+        // Not a number: left as it is.
+        ("dispatch:c4:x1".to_owned(), "fx"),
     ] {
         let found = store.receipt("alice", &k).expect("read");
         assert_eq!(
