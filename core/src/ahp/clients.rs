@@ -86,8 +86,9 @@ impl ClientRecord {
         Some(self)
     }
 
-    /// This binding as the store (and the changes in flight) have it: its record, with
-    /// `last_client_seq` raised to its newest dispatch receipt.
+    /// This binding with `last_client_seq` raised to its newest dispatch receipt, in the store
+    /// or in flight (`Kernel::last_receipt_key`). Called at load, one index seek per binding
+    /// that ever dispatched, and to rebuild a binding after a failed commit.
     pub(crate) fn read<S: Store>(
         k: &mut Kernel<S>,
         record: ClientRecord,

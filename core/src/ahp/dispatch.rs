@@ -202,7 +202,7 @@ impl Sessions {
         // A clientSeq above every one this binding has a receipt for (`last_client_seq` is
         // raised in the same change as each receipt, and dispatched bindings are never
         // released) cannot be a retry, so the common case costs no store read on the loop.
-        // (Read once: nothing below changes the binding before the commit rewrites it.)
+        // (Read once: nothing below changes the binding before this dispatch raises it.)
         let binding = clients
             .get(&origin.client_id)
             .map(|c| (c.owner == owner, c.dispatched, c.last_client_seq));
@@ -244,7 +244,7 @@ impl Sessions {
         };
         // The binding's record is written once, at its first dispatch; after that the
         // receipt alone raises `lastClientSeq` (see `ClientRecord::last_client_seq`).
-        let first_dispatch = !binding.is_some_and(|(_, dispatched, _)| dispatched);
+        let first_dispatch = !binding.is_some_and(|(mine, dispatched, _)| mine && dispatched);
         let extra = Txn {
             receipts: vec![receipt],
             records: if first_dispatch {

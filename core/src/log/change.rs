@@ -145,7 +145,8 @@ impl fmt::Debug for Event {
 pub struct Receipt {
     /// Principal id; receipts are namespaced per principal.
     pub owner: String,
-    /// Operation key: `dispatch:<clientId>:<clientSeq>`, or an AXP `operationId`.
+    /// Operation key: `dispatch:<clientId>:<clientSeq>` with the number zero-padded to 20
+    /// digits (`ClientRecord::dispatch_receipt_key`), or an AXP `operationId`.
     pub key: String,
     /// SHA-256 hex of the canonical `{method, params}`.
     pub fingerprint: String,

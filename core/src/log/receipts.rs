@@ -1,7 +1,8 @@
 //! Retry receipts: the fingerprint of a mutation and the cache of receipts the host wrote lately.
 //!
 //! A receipt is keyed `(owner, key)`: the principal that issued a mutation and its operation
-//! key (`dispatch:<clientId>:<clientSeq>` for AHP dispatches, the `operationId` for AXP
+//! key (`dispatch:<clientId>:<clientSeq>`, the number zero-padded to 20 digits, for AHP
+//! dispatches; the `operationId` for AXP
 //! commands). It holds the fingerprint of the mutation's canonical input and the result it got,
 //! so a retry (same key, same fingerprint) gets the same answer and changes nothing.
 //!
@@ -200,8 +201,8 @@ mod tests {
     #[test]
     fn rewrites_in_flight_and_durable_are_counted_once() {
         let mut r = RecentReceipts::default();
-        // Change 1 writes two keys, change 2 rewrites one of them while both are in flight,
-        // change 3 rewrites it again after 1 is durable.
+        // Change 1 writes a and b, change 2 rewrites a while both are in flight, change 3
+        // rewrites b once it is durable.
         r.insert("o", "a", "f".into(), "null".into(), 1);
         r.insert("o", "b", "f".into(), "null".into(), 1);
         r.insert("o", "a", "f2".into(), "null".into(), 2);
@@ -214,6 +215,38 @@ mod tests {
         r.durable(3);
         assert_eq!((r.durable, r.len()), (2, 2));
         assert!(r.pending.is_empty());
+    }
+
+    #[test]
+    fn a_rewrite_in_flight_then_forgotten_leaves_the_earlier_change_to_count() {
+        let mut r = RecentReceipts::default();
+        r.insert("o", "a", "f".into(), "null".into(), 1);
+        r.insert("o", "b", "f".into(), "null".into(), 2);
+        // Change 3 rewrites a while 1 is still in flight, then fails with everything after 2.
+        r.insert("o", "a", "f3".into(), "null".into(), 3);
+        r.forget_from(3);
+        assert!(r.get("o", "a").is_none(), "the store answers for a now");
+        r.durable(2);
+        assert_eq!((r.durable, r.len()), (1, 1));
+        assert!(r.pending.is_empty());
+    }
+
+    #[test]
+    fn last_key_stays_within_its_owner_and_prefix() {
+        let mut r = RecentReceipts::default();
+        for (owner, key) in [
+            ("o", "dispatch:c1:01"),
+            ("o", "dispatch:c1:09"),
+            ("o", "dispatch:c10:99"),
+            ("o", "dispatch:c1;"),
+            ("p", "dispatch:c1:50"),
+        ] {
+            r.insert(owner, key, "f".into(), "null".into(), 1);
+        }
+        assert_eq!(r.last_key("o", "dispatch:c1:"), Some("dispatch:c1:09"));
+        assert_eq!(r.last_key("p", "dispatch:c1:"), Some("dispatch:c1:50"));
+        assert_eq!(r.last_key("o", "dispatch:c2:"), None);
+        assert_eq!(r.last_key("q", "dispatch:c1:"), None);
     }
 
     #[test]

@@ -350,3 +350,34 @@ fn a_binding_is_rewritten_only_at_its_first_dispatch_and_its_receipts_carry_the_
     let r = h.init(2, Principal::maintainer("m2"), "c2", &[]);
     assert_eq!(last_client_seq(&r), 0);
 }
+
+#[test]
+fn a_failed_first_dispatch_leaves_the_next_one_to_write_the_binding() {
+    let mut h = slow_disk();
+    // c3's first dispatch writes its record; the second, built while it is in flight, writes
+    // none. The group fails: the binding is back to never having dispatched.
+    h.dispatch(3, "ahp-chat:/s1", 1, turn("t1", "hi"));
+    h.dispatch(3, "ahp-chat:/s1", 2, cancel("t1"));
+    h.fail_first();
+    let held = h.held();
+    h.complete(held);
+    assert!(!stored_binding(&h, "c3").dispatched);
+    assert!(!h
+        .host
+        .client_bindings()
+        .any(|c| c.client_id == "c3" && c.dispatched));
+    // So the next dispatch is a first one again, and writes it.
+    h.dispatch(3, "ahp-chat:/s1", 3, turn("t3", "hi"));
+    h.complete(1);
+    let stored = stored_binding(&h, "c3");
+    assert!(stored.dispatched);
+    assert_eq!(stored.last_client_seq, 3);
+    // And a restart keeps it, dispatched (never released), at 3.
+    let mut h = Harness::with(HostConfig::default(), h.host.into_store());
+    let r = h.init(1, Principal::maintainer("m3"), "c3", &[]);
+    assert_eq!(last_client_seq(&r), 3);
+    assert!(h
+        .host
+        .client_bindings()
+        .any(|c| c.client_id == "c3" && c.dispatched));
+}
