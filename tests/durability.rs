@@ -4,7 +4,8 @@
 //!
 //! After every restart: each turn whose echo any client received is in its chat, complete and in
 //! order (nothing half-written: at most the one dispatch in flight when the host died may be
-//! there beyond what was acknowledged); `serverSeq` did not go backwards. A graceful stop
+//! there beyond what was acknowledged); `serverSeq` did not go backwards; each writer's clientId
+//! reports the `lastClientSeq` it was acknowledged (or the one in flight). A graceful stop
 //! (SIGTERM, SIGINT) is stricter: the host answers what it made durable before it closes, so the
 //! restarted state is exactly what was acknowledged.
 
@@ -183,6 +184,15 @@ fn every_acknowledged_turn_survives_sigkill_under_concurrent_dispatch() {
                 expected[i]
             );
             expected[i] = turns;
+            // The writer's binding numbers on from what it was acknowledged (read back from its
+            // newest receipt), or from one more: the dispatch in flight at the kill.
+            let acked_seq = 2 * a.done.len() as u64 + u64::from(a.started.is_some());
+            let (_, init) = host.ws_init(&format!("w{i}-r{round}"), &[]);
+            let last = &init["_meta"]["org.axp.exchange"]["lastClientSeq"];
+            assert!(
+                *last == acked_seq || *last == acked_seq + 1,
+                "round {round}, w{i}: lastClientSeq {last} after {acked_seq} acknowledged"
+            );
             // An active turn would refuse the next round's first start: cancel it (and expect
             // that to survive too).
             if let Some(t) = active {
