@@ -15,8 +15,8 @@
 //! - version 3 indexed events by `(channel, seq)`: that index makes way for `events_stream`
 //!   (see the `sqlite` module docs), built in the same transaction;
 //! - version 4 wrote dispatch receipt keys as `dispatch:<id>:<seq>` with the number as is: they
-//!   get the number zero-padded to 20 digits (`ClientRecord::dispatch_receipt_key`), so a
-//!   binding's newest receipt is one index seek away.
+//!   are rewritten as the core writes them now (`ClientRecord::dispatch_receipt_key`, the number
+//!   zero-padded to 20 digits), so a binding's newest receipt is one index seek away.
 
 use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
@@ -72,18 +72,6 @@ UPDATE clients SET dispatched = 1 WHERE last_client_seq > 0 OR EXISTS (
 
 /// Version 3 to 4: the `(channel, seq)` index goes; `SCHEMA_SQL` then builds `events_stream`.
 const MIGRATE_3_TO_4: &str = "DROP INDEX IF EXISTS events_channel;";
-
-/// Version 4 to 5: dispatch receipt keys get their number zero-padded to 20 digits, as text
-/// (no integer conversion to clamp a large number). A clientId has no `:`, so the first `:`
-/// after the 9 bytes of `dispatch:` ends it; only a number of 1 to 19 decimal digits is padded.
-/// (`substr` compares case-sensitively where `LIKE` would not.)
-const MIGRATE_4_TO_5: &str = "
-UPDATE receipts SET key = substr(key, 1, 9 + instr(substr(key, 10), ':'))
-    || substr('00000000000000000000' || substr(key, 10 + instr(substr(key, 10), ':')), -20)
-WHERE substr(key, 1, 9) = 'dispatch:' AND instr(substr(key, 10), ':') > 1
-    AND length(key) - 9 - instr(substr(key, 10), ':') BETWEEN 1 AND 19
-    AND substr(key, 10 + instr(substr(key, 10), ':')) NOT GLOB '*[^0-9]*';
-";
 
 /// Version 2 to 3, first step: the old records table makes way for the typed one (its rows are
 /// copied over next, as `state` records, their text kept byte for byte).
@@ -253,8 +241,7 @@ pub(super) fn open_database(path: &Path, repository: &str) -> Result<Connection,
             .map_err(fail("migrating the schema from version 3"))?;
     }
     if (1..=4).contains(&version) {
-        tx.execute_batch(MIGRATE_4_TO_5)
-            .map_err(fail("migrating the schema from version 4"))?;
+        migrate_4_to_5(&tx, path)?;
     }
     tx.execute_batch(SCHEMA_SQL)
         .map_err(fail("creating the schema"))?;
@@ -365,6 +352,45 @@ fn migrate_2_to_3(tx: &Transaction<'_>, path: &Path) -> Result<(), OpenError> {
     }
     tx.execute_batch("DROP TABLE records_v2; DROP TABLE clients;")
         .map_err(fail("dropping the version 2 tables"))?;
+    Ok(())
+}
+
+/// Version 4 to 5 (see the module docs). Each dispatch receipt key is rewritten by the core's
+/// own `ClientRecord::dispatch_receipt_key`, so a migrated key is byte for byte what the core
+/// would write. A key is one when it is `dispatch:<clientId>:<number>` (a clientId has no `:`;
+/// the match is case-sensitive, where `LIKE` would not be); anything else stays as it is.
+fn migrate_4_to_5(tx: &Transaction<'_>, path: &Path) -> Result<(), OpenError> {
+    let fail = |source: rusqlite::Error| OpenError::Sqlite {
+        path: path.to_owned(),
+        action: "migrating dispatch receipt keys to version 5",
+        source,
+    };
+    let keys: Vec<(i64, String)> = {
+        let mut stmt = tx
+            .prepare("SELECT rowid, key FROM receipts WHERE substr(key, 1, 9) = 'dispatch:'")
+            .map_err(fail)?;
+        let rows = stmt
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .map_err(fail)?;
+        rows.collect::<Result<_, _>>().map_err(fail)?
+    };
+    let mut update = tx
+        .prepare("UPDATE receipts SET key = ?2 WHERE rowid = ?1")
+        .map_err(fail)?;
+    for (rowid, key) in keys {
+        let Some((client_id, number)) = key["dispatch:".len()..].split_once(':') else {
+            continue;
+        };
+        let padded = match number.parse::<u64>() {
+            Ok(seq) if number.bytes().all(|b| b.is_ascii_digit()) => {
+                ClientRecord::dispatch_receipt_key(client_id, seq)
+            }
+            _ => continue,
+        };
+        if padded != key {
+            update.execute(params![rowid, padded]).map_err(fail)?;
+        }
+    }
     Ok(())
 }
 
