@@ -64,20 +64,53 @@ fn pragmas_and_schema_version_are_set() {
     assert_eq!(pragma(store.reader.conn(), "busy_timeout"), "Integer(100)");
 }
 
-/// The version 2 schema, as the previous release wrote it, with `extra` SQL run after it.
-fn version_2_file(path: &Path, extra: &str) {
-    let conn = Connection::open(path).expect("raw open");
-    conn.execute_batch(
+/// The schema of each earlier version, as its release wrote it.
+const V1_SCHEMA: &str = "
+    CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
+    CREATE TABLE records(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
+    CREATE TABLE receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
+    CREATE TABLE clients(id TEXT PRIMARY KEY, owner TEXT NOT NULL, last_client_seq INTEGER NOT NULL);";
+const V2_SCHEMA: &str = "
+    CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
+    CREATE TABLE records(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
+    CREATE INDEX events_channel ON events(channel, seq);
+    CREATE TABLE receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
+    CREATE TABLE clients(id TEXT PRIMARY KEY, owner TEXT NOT NULL, last_client_seq INTEGER NOT NULL, dispatched INTEGER NOT NULL DEFAULT 0);";
+/// The tables of versions 3 and 4, which differ only in how `events` is indexed.
+macro_rules! typed_tables {
+    () => {
         "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
-         CREATE TABLE records(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+         CREATE TABLE records(tbl TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY(tbl, key));
          CREATE TABLE events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
-         CREATE INDEX events_channel ON events(channel, seq);
-         CREATE TABLE receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
-         CREATE TABLE clients(id TEXT PRIMARY KEY, owner TEXT NOT NULL, last_client_seq INTEGER NOT NULL, dispatched INTEGER NOT NULL DEFAULT 0);
-         PRAGMA user_version = 2;",
-    )
-    .expect("version 2 schema");
-    conn.execute_batch(extra).expect("version 2 rows");
+         CREATE TABLE receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));"
+    };
+}
+const V3_SCHEMA: &str = concat!(
+    typed_tables!(),
+    "CREATE INDEX events_channel ON events(channel, seq);"
+);
+const V4_SCHEMA: &str = concat!(
+    typed_tables!(),
+    "CREATE INDEX events_stream ON events(",
+    stream_of!("channel"),
+    ", seq);"
+);
+
+/// A file at `version`, its `schema` holding `rows`; the connection that made it.
+fn older_file(path: &Path, version: i64, schema: &str, rows: &str) -> Connection {
+    let conn = Connection::open(path).expect("raw open");
+    conn.execute_batch(schema).expect("old schema");
+    conn.execute_batch(rows).expect("old rows");
+    conn.pragma_update(None, "user_version", version)
+        .expect("old version");
+    conn
+}
+
+/// A version 2 file holding `rows`.
+fn version_2_file(path: &Path, rows: &str) {
+    older_file(path, 2, V2_SCHEMA, rows);
 }
 
 #[test]
@@ -180,26 +213,18 @@ fn a_failed_migration_leaves_the_file_at_its_old_version() {
 fn a_version_1_file_gains_dispatched_from_its_receipts_and_migrates_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
-    {
-        // The version 1 schema, as the release before that wrote it.
-        let conn = Connection::open(&path).expect("raw open");
-        conn.execute_batch(
-            "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
-             CREATE TABLE records(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-             CREATE TABLE events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
-             CREATE TABLE receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
-             CREATE TABLE clients(id TEXT PRIMARY KEY, owner TEXT NOT NULL, last_client_seq INTEGER NOT NULL);
-             INSERT INTO clients VALUES ('seq', 'alice', 4), ('zero', 'alice', 0), ('idle', 'alice', 0),
+    older_file(
+        &path,
+        1,
+        V1_SCHEMA,
+        "INSERT INTO clients VALUES ('seq', 'alice', 4), ('zero', 'alice', 0), ('idle', 'alice', 0),
                                         ('other', 'bob', 0), ('zero2', 'bob', 0);
              -- 'zero' dispatched with clientSeq 0; 'other' has a receipt only under alice,
              -- which is not its owner; 'zero2' only a receipt for a longer id it prefixes.
              INSERT INTO receipts VALUES ('alice', 'dispatch:zero:0', 'f', 'null'),
                                          ('alice', 'dispatch:other:1', 'f', 'null'),
-                                         ('bob', 'dispatch:zero22:1', 'f', 'null');
-             PRAGMA user_version = 1;",
-        )
-        .expect("version 1 schema");
-    }
+                                         ('bob', 'dispatch:zero22:1', 'f', 'null');",
+    );
     let mut store = SqliteStore::open(&path, REPO).expect("migrating open");
     let dispatched: Vec<(String, bool)> = clients_of(&store.load(10).expect("load"))
         .into_iter()
@@ -236,20 +261,14 @@ fn a_version_3_file_trades_its_channel_index_for_the_stream_index() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
     {
-        // The version 3 schema, as the previous release wrote it.
-        let conn = Connection::open(&path).expect("raw open");
-        conn.execute_batch(
-            "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
-             CREATE TABLE records(tbl TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY(tbl, key));
-             CREATE TABLE events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
-             CREATE INDEX events_channel ON events(channel, seq);
-             CREATE TABLE receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
-             INSERT INTO meta VALUES ('server_seq', '4'), ('repository', 'default');
+        let conn = older_file(
+            &path,
+            3,
+            V3_SCHEMA,
+            "INSERT INTO meta VALUES ('server_seq', '4'), ('repository', 'default');
              INSERT INTO events VALUES (1, 'ahp-chat:/s1', '{\"seq\":1}'), (2, 'ahp-session:/s1', '{\"seq\":2}'),
-                                       (3, 'ahp-root://', '{\"seq\":3}'), (4, 'ahp-chat:/s1', '{\"seq\":4}');
-             PRAGMA user_version = 3;",
-        )
-        .expect("version 3 schema");
+                                       (3, 'ahp-root://', '{\"seq\":3}'), (4, 'ahp-chat:/s1', '{\"seq\":4}');",
+        );
         assert_eq!(event_indexes(&conn), vec!["events_channel".to_owned()]);
     }
     let mut store = SqliteStore::open(&path, REPO).expect("migrating open");
@@ -273,16 +292,11 @@ fn a_version_3_file_trades_its_channel_index_for_the_stream_index() {
 fn a_version_4_file_pads_its_dispatch_receipt_numbers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("x.db");
-    {
-        // The version 4 schema, as the previous release wrote it (without its index: the
-        // schema step builds it).
-        let conn = Connection::open(&path).expect("raw open");
-        conn.execute_batch(
-            "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
-             CREATE TABLE records(tbl TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY(tbl, key));
-             CREATE TABLE events(seq INTEGER PRIMARY KEY, channel TEXT NOT NULL, envelope TEXT NOT NULL);
-             CREATE TABLE receipts(owner TEXT, key TEXT, fingerprint TEXT, result TEXT, PRIMARY KEY(owner, key));
-             INSERT INTO meta VALUES ('server_seq', '0'), ('repository', 'default');
+    older_file(
+        &path,
+        4,
+        V4_SCHEMA,
+        "INSERT INTO meta VALUES ('server_seq', '0'), ('repository', 'default');
              -- As text, 12 sorts before 9; an AXP operationId and a look-alike stay as they are.
              INSERT INTO receipts VALUES ('alice', 'dispatch:c1:9', 'f9', 'null'),
                                          ('alice', 'dispatch:c1:12', 'f12', 'null'),
@@ -291,11 +305,8 @@ fn a_version_4_file_pads_its_dispatch_receipt_numbers() {
                                          ('alice', 'Dispatch:c1:5', 'fd', 'null'),
                                          ('alice', 'dispatch:c3:9223372036854775808', 'fb', 'null'),
                                          ('alice', 'dispatch:c3:9223372036854775809', 'fc', 'null'),
-                                         ('alice', 'dispatch:c4:x1', 'fx', 'null');
-             PRAGMA user_version = 4;",
-        )
-        .expect("version 4 schema");
-    }
+                                         ('alice', 'dispatch:c4:x1', 'fx', 'null');",
+    );
     let mut store = SqliteStore::open(&path, REPO).expect("migrating open");
     assert_eq!(
         pragma(store.writer.conn(), "user_version"),
