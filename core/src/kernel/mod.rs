@@ -726,11 +726,8 @@ impl<S: Store> Kernel<S> {
         prefix: &str,
     ) -> Result<Option<String>, StoreError> {
         let stored = self.store.last_receipt_key(owner, prefix)?;
-        Ok(match (self.receipts.last_key(owner, prefix), stored) {
-            (Some(cached), Some(stored)) if cached <= stored.as_str() => Some(stored),
-            (Some(cached), _) => Some(cached.to_owned()),
-            (None, stored) => stored,
-        })
+        let cached = self.receipts.last_key(owner, prefix).map(str::to_owned);
+        Ok(stored.into_iter().chain(cached).max())
     }
 
     /// Makes sure the next catalog event has a reserved number, issuing the next block once
@@ -762,5 +759,66 @@ impl<S: Store> Kernel<S> {
         wanted: impl Fn(&str) -> bool,
     ) -> Option<Vec<Arc<str>>> {
         self.seq.replay(cursor, wanted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::store::{Commit, MemStore};
+    use crate::HostConfig;
+
+    fn receipt(key: &str) -> Receipt {
+        Receipt {
+            owner: "o".into(),
+            key: key.into(),
+            fingerprint: "f".into(),
+            result: "null".into(),
+        }
+    }
+
+    #[test]
+    fn the_last_receipt_key_is_the_greater_of_the_cache_and_the_store() {
+        let mut store = MemStore::new();
+        let stored = crate::log::change::Change {
+            number: 1,
+            receipts: vec![receipt("dispatch:c:05")],
+            ..Default::default()
+        };
+        store.commit(&stored).expect("commit");
+        let mut k = Kernel::new(HostConfig::default(), store, 1, &mut Loaded::default(), 0);
+        assert_eq!(
+            k.last_receipt_key("o", "dispatch:c:")
+                .expect("read")
+                .as_deref(),
+            Some("dispatch:c:05"),
+            "the store's, the cache being empty"
+        );
+        // A change in flight (the store does not have it yet) with a greater key.
+        k.commit(Txn {
+            receipts: vec![receipt("dispatch:c:07")],
+            ..Txn::default()
+        });
+        assert_eq!(
+            k.last_receipt_key("o", "dispatch:c:")
+                .expect("read")
+                .as_deref(),
+            Some("dispatch:c:07")
+        );
+        // The store gains a greater one (as a store may hold changes the host has not yet
+        // heard are durable): that one.
+        let later = crate::log::change::Change {
+            number: 2,
+            receipts: vec![receipt("dispatch:c:09")],
+            ..Default::default()
+        };
+        k.store_mut().commit(&later).expect("commit");
+        assert_eq!(
+            k.last_receipt_key("o", "dispatch:c:")
+                .expect("read")
+                .as_deref(),
+            Some("dispatch:c:09")
+        );
+        assert_eq!(k.last_receipt_key("p", "dispatch:c:").expect("read"), None);
     }
 }
