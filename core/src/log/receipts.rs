@@ -2,8 +2,7 @@
 //!
 //! A receipt is keyed `(owner, key)`: the principal that issued a mutation and its operation
 //! key (`dispatch:<clientId>:<clientSeq>`, the number zero-padded to 20 digits, for AHP
-//! dispatches; the `operationId` for AXP
-//! commands). It holds the fingerprint of the mutation's canonical input and the result it got,
+//! dispatches; the `operationId` for AXP commands). It holds the fingerprint of the mutation's canonical input and the result it got,
 //! so a retry (same key, same fingerprint) gets the same answer and changes nothing.
 //!
 //! The cache holds every receipt of a change still in flight (never evicted: the store does not
@@ -148,7 +147,15 @@ impl RecentReceipts {
 
     /// Changes from `first` on failed: their receipts are forgotten.
     pub(crate) fn forget_from(&mut self, first: u64) {
-        self.entries.retain(|_, k| k.change < first);
+        // Failed changes are never durable; should one be, its entries leave the count too.
+        let (through, durable) = (self.durable_through, &mut self.durable);
+        self.entries.retain(|_, k| {
+            let keep = k.change < first;
+            if !keep && k.change <= through {
+                *durable -= 1;
+            }
+            keep
+        });
         self.order.retain(|(_, change)| *change < first);
         self.pending.retain(|(change, _)| *change < first);
     }
@@ -163,6 +170,29 @@ impl RecentReceipts {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Records receipt `key` of owner `o` with fingerprint `fingerprint`, written by `change`,
+    /// then checks the counts: every entry is either durable or counted by its pending change.
+    fn put(r: &mut RecentReceipts, key: &str, fingerprint: &str, change: u64) {
+        r.insert("o", key, fingerprint.into(), "null".into(), change);
+        counts_add_up(r);
+    }
+
+    fn counts_add_up(r: &RecentReceipts) {
+        let pending: usize = r.pending.iter().map(|(_, n)| n).sum();
+        assert_eq!(
+            r.durable + pending,
+            r.len(),
+            "durable {} pending {:?}",
+            r.durable,
+            r.pending
+        );
+        assert!(r
+            .pending
+            .iter()
+            .zip(r.pending.iter().skip(1))
+            .all(|(a, b)| a.0 < b.0));
+    }
 
     #[test]
     fn fingerprints_ignore_key_order() {
@@ -181,19 +211,22 @@ mod tests {
         let mut r = RecentReceipts::default();
         let total = RECENT_RECEIPTS_MAX as u64 + 10;
         for i in 1..=total {
-            r.insert("o", &format!("k{i}"), "f".into(), "null".into(), i);
+            put(&mut r, &format!("k{i}"), "f", i);
         }
         // Nothing durable yet: everything is kept.
         assert_eq!(r.len(), total as usize);
         r.durable(5);
+        counts_add_up(&r);
         assert_eq!(r.len(), total as usize);
         r.durable(total);
+        counts_add_up(&r);
         assert_eq!(r.len(), RECENT_RECEIPTS_MAX);
         assert!(r.get("o", "k1").is_none());
         assert!(r.get("o", &format!("k{total}")).is_some());
-        r.insert("o", "late", "f".into(), "null".into(), total + 1);
-        r.insert("o", "later", "f".into(), "null".into(), total + 2);
+        put(&mut r, "late", "f", total + 1);
+        put(&mut r, "later", "f", total + 2);
         r.forget_from(total + 2);
+        counts_add_up(&r);
         assert!(r.get("o", "late").is_some());
         assert!(r.get("o", "later").is_none());
     }
@@ -203,16 +236,19 @@ mod tests {
         let mut r = RecentReceipts::default();
         // Change 1 writes a and b, change 2 rewrites a while both are in flight, change 3
         // rewrites b once it is durable.
-        r.insert("o", "a", "f".into(), "null".into(), 1);
-        r.insert("o", "b", "f".into(), "null".into(), 1);
-        r.insert("o", "a", "f2".into(), "null".into(), 2);
+        put(&mut r, "a", "f", 1);
+        put(&mut r, "b", "f", 1);
+        put(&mut r, "a", "f2", 2);
         r.durable(1);
+        counts_add_up(&r);
         assert_eq!(r.durable, 1, "only b is durable: a was rewritten by 2");
         r.durable(2);
+        counts_add_up(&r);
         assert_eq!(r.durable, 2);
-        r.insert("o", "b", "f3".into(), "null".into(), 3);
+        put(&mut r, "b", "f3", 3);
         assert_eq!(r.durable, 1, "b's durable receipt was replaced");
         r.durable(3);
+        counts_add_up(&r);
         assert_eq!((r.durable, r.len()), (2, 2));
         assert!(r.pending.is_empty());
     }
@@ -220,13 +256,15 @@ mod tests {
     #[test]
     fn a_rewrite_in_flight_then_forgotten_leaves_the_earlier_change_to_count() {
         let mut r = RecentReceipts::default();
-        r.insert("o", "a", "f".into(), "null".into(), 1);
-        r.insert("o", "b", "f".into(), "null".into(), 2);
+        put(&mut r, "a", "f", 1);
+        put(&mut r, "b", "f", 2);
         // Change 3 rewrites a while 1 is still in flight, then fails with everything after 2.
-        r.insert("o", "a", "f3".into(), "null".into(), 3);
+        put(&mut r, "a", "f3", 3);
         r.forget_from(3);
+        counts_add_up(&r);
         assert!(r.get("o", "a").is_none(), "the store answers for a now");
         r.durable(2);
+        counts_add_up(&r);
         assert_eq!((r.durable, r.len()), (1, 1));
         assert!(r.pending.is_empty());
     }
@@ -252,12 +290,15 @@ mod tests {
     #[test]
     fn a_rewritten_key_keeps_its_newest_receipt() {
         let mut r = RecentReceipts::default();
-        r.insert("o", "k", "old".into(), "null".into(), 1);
+        put(&mut r, "k", "old", 1);
         r.durable(1);
-        r.insert("o", "k", "new".into(), "null".into(), 2);
+        counts_add_up(&r);
+        put(&mut r, "k", "new", 2);
         r.durable(2);
+        counts_add_up(&r);
         assert_eq!(r.get("o", "k").map(|k| k.fingerprint.as_str()), Some("new"));
         r.forget_from(2);
+        counts_add_up(&r);
         assert!(r.get("o", "k").is_none());
     }
 }
