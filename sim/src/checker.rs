@@ -527,9 +527,8 @@ fn bindings(host: &Host<SimStore>) -> Result<(), String> {
         let stored = stored_bindings(host.store().mem());
         if !host
             .client_bindings()
-            .cloned()
             .map(Some)
-            .eq(stored.iter().cloned())
+            .eq(stored.iter().map(Option::as_ref))
         {
             return Err(format!(
                 "clientId bindings differ from the store: host {:?}, store {stored:?}",

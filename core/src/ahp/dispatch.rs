@@ -200,9 +200,10 @@ impl Sessions {
         // -32011, which breaks every official client after its first reconnect.)
         //
         // A clientSeq above every one this binding has a receipt for (`last_client_seq` is
-        // raised in the same change as each receipt, and dispatched bindings are never
-        // released) cannot be a retry, so the common case costs no store read on the loop.
-        // (Read once: nothing below changes the binding before this dispatch raises it.)
+        // raised with each receipt, in memory here and durably by the receipt itself, and
+        // dispatched bindings are never released) cannot be a retry, so the common case costs
+        // no store read on the loop. (Read once: nothing below changes the binding before this
+        // dispatch raises it.)
         let binding = clients
             .get(&origin.client_id)
             .map(|c| (c.owner == owner, c.dispatched, c.last_client_seq));
