@@ -614,21 +614,21 @@ fn the_writer_spins_only_while_changes_come_within_the_budget() {
     tx.send(1).expect("send");
     assert_eq!(waiting.next(&rx), Some(1));
     assert!(waiting.spins(), "the change was already there");
+    // Sends `change` after `ms` milliseconds, from another thread.
+    let send_after = |ms: u64, change: u64| {
+        let sender = tx.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(ms));
+            sender.send(change).expect("send");
+        })
+    };
     // A change that comes while the writer polls is taken by the poll.
-    let sender = tx.clone();
-    let late = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(2));
-        sender.send(2).expect("send");
-    });
+    let late = send_after(2, 2);
     assert_eq!(waiting.next(&rx), Some(2));
     late.join().expect("sender");
     assert!(waiting.spins());
     // One that comes after the budget: the next wait sleeps at once.
-    let sender = tx.clone();
-    let later = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(120));
-        sender.send(3).expect("send");
-    });
+    let later = send_after(120, 3);
     assert_eq!(waiting.next(&rx), Some(3));
     later.join().expect("sender");
     assert!(
